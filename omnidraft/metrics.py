@@ -1,0 +1,69 @@
+"""Per-prompt rows and the run summary. One token counting for every method: new target tokens
+emitted (EOS included), over wall seconds of the whole generation (prefill included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnidraft.decode import GenerationResult
+
+
+def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "sd/new_tokens": sd.n_new, "sd/wall_s": sd.wall_s, "sd/steps": len(sd.steps),
+        "sd/proposed": sd.proposed, "sd/accepted": sd.accepted, "sd/draft_s": sd.draft_s,
+        "sd/target_s": sd.target_s, "sd/prefill_s": sd.prefill_s, "sd/stop": sd.stop,
+        "accept/rate": sd.accepted / sd.proposed if sd.proposed else 0.0,
+        "accept/mean_len": sd.n_new / max(1, len(sd.steps)),
+        "speed/sd_tok_per_s": sd.n_new / sd.wall_s if sd.wall_s else 0.0,
+    }
+    if ar is not None:
+        row.update({
+            "ar/new_tokens": ar.n_new, "ar/wall_s": ar.wall_s, "ar/steps": len(ar.steps),
+            "ar/target_s": ar.target_s, "ar/prefill_s": ar.prefill_s,
+            "speed/ar_tok_per_s": ar.n_new / ar.wall_s if ar.wall_s else 0.0,
+            "speed/speedup": (sd.n_new / sd.wall_s) / (ar.n_new / ar.wall_s) if ar.n_new and sd.wall_s else 0.0,
+            "lossless/match": sd.tokens == ar.tokens,
+            "lossless/first_mismatch": _first_mismatch(sd.tokens, ar.tokens),
+        })
+    return row
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarise(rows: list[dict[str, Any]], greedy: bool) -> dict[str, Any]:
+    """Aggregate per-prompt rows: totals first, ratios of totals (not means of ratios)."""
+    s: dict[str, Any] = {"n_prompts": len(rows)}
+    if not rows:
+        return s
+    tot = lambda k, rs=rows: sum(r.get(k, 0) for r in rs)  # noqa: E731
+    proposed, accepted = tot("sd/proposed"), tot("sd/accepted")
+    steps = tot("sd/steps")
+    s["accept/rate"] = accepted / proposed if proposed else 0.0
+    s["accept/mean_len"] = tot("sd/new_tokens") / steps if steps else 0.0
+    s["accept/proposed_per_step"] = proposed / steps if steps else 0.0
+    s["speed/sd_tok_per_s_all"] = tot("sd/new_tokens") / tot("sd/wall_s")
+    s["time/draft_share"] = tot("sd/draft_s") / tot("sd/wall_s")
+    s["time/target_share"] = tot("sd/target_s") / tot("sd/wall_s")
+    paired = [r for r in rows if "ar/new_tokens" in r]
+    s["n_baseline_prompts"] = len(paired)
+    if paired:
+        sd_tps = tot("sd/new_tokens", paired) / tot("sd/wall_s", paired)
+        ar_tps = tot("ar/new_tokens", paired) / tot("ar/wall_s", paired)
+        s["speed/sd_tok_per_s"] = sd_tps
+        s["speed/ar_tok_per_s"] = ar_tps
+        s["speed/speedup"] = sd_tps / ar_tps
+        # Paper / Medusa convention: tokens per step / (SD step latency / plain step latency).
+        sd_step = (tot("sd/draft_s", paired) + tot("sd/target_s", paired)) / tot("sd/steps", paired)
+        ar_step = tot("ar/target_s", paired) / tot("ar/steps", paired)
+        s["speed/sd_step_s"] = sd_step
+        s["speed/ar_step_s"] = ar_step
+        s["speed/modelled_speedup"] = (tot("sd/new_tokens", paired) / tot("sd/steps", paired)) / (sd_step / ar_step)
+        if greedy:
+            s["lossless/match_rate"] = sum(bool(r["lossless/match"]) for r in paired) / len(paired)
+    return s

@@ -1,0 +1,232 @@
+"""Load targets and drafters: hub id, local directory, GGUF from registry packages, tiny.
+
+GGUF models are fetched without dependencies, reassembled from their parts, sha256-checked and
+de-quantised by transformers' gguf support once; the result is cached as safetensors in the
+requested dtype so later loads take seconds. Nothing here reads a Hydra config: callers pass plain
+mappings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from omnidraft.errors import OmniDraftError
+from omnidraft.registry import Member, assemble
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "float64": torch.float64}
+
+# Vocabulary-only GGUFs shipped in the llama-cpp-python sdist: real tokenizers of the paper's
+# models, used with tiny random-weight models in tests and debug runs.
+_LCPP = ("llama-cpp-python", "0.3.36", "llama_cpp_python-0.3.36/vendor/llama.cpp/models/")
+VOCAB_FILES = {
+    "llama-spm": ("ggml-vocab-llama-spm.gguf",
+                  "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69"),
+    "llama-bpe": ("ggml-vocab-llama-bpe.gguf",
+                  "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e"),
+    "qwen2": ("ggml-vocab-qwen2.gguf",
+              "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c"),
+}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer and where it came from."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    dtype: torch.dtype
+    device: torch.device
+    max_context: int
+    load_s: float
+    source: str
+
+    @property
+    def eos_ids(self) -> set[int]:
+        """Token ids that end generation: the tokenizer's EOS and the generation config's."""
+        ids: set[int] = set()
+        for v in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(int(x) for x in v)
+        return ids
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise OmniDraftError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_model(spec: Mapping[str, Any], cache_dir: Path) -> LoadedModel:
+    """Load the model described by one target/drafter config node.
+
+    Args:
+        spec: a ModelConfig as a plain mapping (name, source, hub_id, path, gguf, tiny, dtype...).
+        cache_dir: root of the download / conversion cache.
+    """
+    t0 = time.perf_counter()
+    dtype = parse_dtype(spec.get("dtype", "bfloat16"))
+    device = torch.device(spec.get("device", "cpu"))
+    source = spec["source"]
+    if spec.get("trust_remote_code"):
+        raise OmniDraftError(
+            f"model {spec['name']!r} sets trust_remote_code=true; this framework only runs "
+            "architectures that transformers ships, set it back to false")
+    if source == "gguf_package":
+        path = _ensure_converted(spec, Path(cache_dir), dtype)
+        model, tok = _from_pretrained(path, dtype)
+    elif source == "local":
+        if not spec.get("path") or not Path(spec["path"]).is_dir():
+            raise OmniDraftError(
+                f"model {spec['name']!r}: local path {spec.get('path')!r} is not a directory; "
+                "set <role>.path=/dir/with/config.json")
+        model, tok = _from_pretrained(spec["path"], dtype)
+    elif source == "hub":
+        model, tok = _from_hub(spec, dtype)
+    elif source == "tiny":
+        model, tok = build_tiny(spec["tiny"], Path(cache_dir), dtype)
+    else:
+        raise OmniDraftError(f"model {spec['name']!r}: unknown source {source!r}; "
+                             "use gguf_package, hub, local or tiny")
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    max_ctx = spec.get("max_context") or getattr(model.config, "max_position_embeddings", 2048)
+    return LoadedModel(spec["name"], model, tok, dtype, device, int(max_ctx),
+                       time.perf_counter() - t0, source)
+
+
+def _from_pretrained(path, dtype, **kw):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, **kw)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False, **kw)
+    return model, tok
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _from_hub(spec: Mapping[str, Any], dtype: torch.dtype):
+    hub_id, rev = spec["hub_id"], spec.get("revision")
+    try:  # a copy already in the local HF cache works offline
+        return _from_pretrained(hub_id, dtype, revision=rev, local_files_only=True)
+    except OSError:
+        pass
+    if not _hub_reachable():
+        raise OmniDraftError(
+            f"model {spec['name']!r} needs hub id {hub_id!r}, but no model hub is reachable and it "
+            f"is not in the local HF cache; download it elsewhere and pass "
+            f"<role>.source=local <role>.path=/path/to/{hub_id.split('/')[-1]}")
+    return _from_pretrained(hub_id, dtype, revision=rev)
+
+
+def gguf_members(g: Mapping[str, Any]) -> list[Member]:
+    n = int(g.get("n_parts", 1))
+    # {i}: 1-based part number, {j}: 0-based
+    return [Member(g["package"].format(i=i, j=i - 1), g["version"], g["member"].format(i=i, j=i - 1),
+                   g.get("dist", "wheel")) for i in range(1, n + 1)]
+
+
+def _ensure_converted(spec: Mapping[str, Any], cache_dir: Path, dtype: torch.dtype) -> Path:
+    """Return a directory with safetensors weights + tokenizer converted from the GGUF."""
+    g = spec["gguf"]
+    dname = str(dtype).removeprefix("torch.")
+    out = cache_dir / "converted" / f"{spec['name']}-{g['sha256'][:12]}-{dname}"
+    marker = out / "omnidraft_source.json"
+    if marker.exists():
+        return out
+    gguf_path = assemble(gguf_members(g), cache_dir / "gguf" / g["filename"], g["sha256"],
+                         cache_dir, remove_downloads=True)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
+    # save_pretrained refuses a model that still carries its GGUF quantiser; the weights are
+    # already de-quantised, so drop the marker and save plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "omnidraft_source.json").write_text(json.dumps(
+        {"gguf": g["filename"], "sha256": g["sha256"], "dtype": dname}, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def load_vocab_tokenizer(key: str, cache_dir: Path):
+    """A real tokenizer from a vocabulary-only GGUF (llama-cpp-python sdist), cached on disk."""
+    from transformers import AutoTokenizer
+
+    if key not in VOCAB_FILES:
+        raise OmniDraftError(f"unknown tokenizer {key!r}; use one of {', '.join(VOCAB_FILES)}")
+    fname, sha = VOCAB_FILES[key]
+    saved = Path(cache_dir) / "tokenizers" / f"{key}-{sha[:12]}"
+    if (saved / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(saved)
+    pkg, ver, prefix = _LCPP
+    gguf = assemble([Member(pkg, ver, prefix + fname, "sdist")],
+                    Path(cache_dir) / "vocab" / fname, sha, cache_dir)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = saved.with_name(saved.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(saved, ignore_errors=True)
+    os.replace(tmp, saved)
+    return AutoTokenizer.from_pretrained(saved)
+
+
+def build_tiny(t: Mapping[str, Any], cache_dir: Path, dtype: torch.dtype):
+    """A tiny model of a real architecture with deterministic weights and a real tokenizer."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    tok = load_vocab_tokenizer(t["tokenizer"], cache_dir)
+    arch = {"llama": LlamaConfig, "qwen2": Qwen2Config}.get(t["arch"])
+    if arch is None:
+        raise OmniDraftError(f"unknown tiny arch {t['arch']!r}; use llama or qwen2")
+    cfg = arch(vocab_size=len(tok), hidden_size=t["hidden_size"], num_hidden_layers=t["num_layers"],
+               num_attention_heads=t["num_heads"], num_key_value_heads=t["num_kv_heads"],
+               intermediate_size=t["intermediate_size"],
+               max_position_embeddings=t["max_position_embeddings"],
+               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    fixed_init(model, t["init_seed"], t["init_std"])
+    return model.to(dtype), tok
+
+
+@torch.no_grad()
+def fixed_init(model: torch.nn.Module, seed: int, std: float) -> None:
+    """Deterministic init from an explicit generator (no global seeding)."""
+    g = torch.Generator().manual_seed(int(seed))
+    for name, p in sorted(model.named_parameters()):
+        if p.ndim >= 2:
+            fan_in = p.shape[1]
+            p.copy_(torch.randn(p.shape, generator=g) * (std if "embed" in name else 1.0 / fan_in ** 0.5))
+        elif name.endswith("bias"):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        else:
+            p.fill_(1.0)

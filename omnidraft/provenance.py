@@ -1,0 +1,59 @@
+"""Provenance of a run: code version, packages, hardware, seed, overrides."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_PACKAGES = ["omnidraft", "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "wandb",
+             "datasets", "peft", "gguf", "accelerate", "safetensors", "numpy"]
+
+
+def _git(*args: str) -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
+    versions = {}
+    for p in _PACKAGES:
+        try:
+            versions[p] = md.version(p)
+        except md.PackageNotFoundError:
+            versions[p] = None
+    status = _git("status", "--porcelain")
+    return {
+        "git_hash": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+        "versions": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+        "seed": seed,
+        "overrides": list(overrides),
+        "argv": sys.argv,
+    }

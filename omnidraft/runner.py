@@ -1,0 +1,195 @@
+"""``run(cfg) -> dict``: stream a task through the chosen method, measure, log, summarise.
+
+The only module besides the CLI that reads the Hydra config. Models load once; every prompt is
+decoded by the method and (when ``measure_baseline``) by ``ar`` in the same process, alternating
+which goes first so machine drift hits both equally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from omnidraft import provenance
+from omnidraft.decode import generate
+from omnidraft.errors import OmniDraftError
+from omnidraft.instantiate import call_with, check_targets
+from omnidraft.loggers import JSONLLogger, MultiLogger
+from omnidraft.metrics import prompt_row, summarise
+from omnidraft.models import LoadedModel, load_model
+from omnidraft.tasks import format_prompt, load_stream
+from omnidraft.vocab import build_bridge, tokenizer_hash
+
+# Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
+RUNTIME_ARGS = {
+    "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos"},
+}
+LOGGER_RUNTIME_ARGS = {"run_dir", "config"}
+
+
+def _plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else None
+
+
+def _overrides(cfg: DictConfig) -> list[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return list(cfg.get("overrides") or [])
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Everything that can be checked before a model loads."""
+    runtime = dict(RUNTIME_ARGS)
+    for name in (cfg.logger or {}):
+        runtime[f"logger.{name}"] = LOGGER_RUNTIME_ARGS
+    check_targets(cfg, runtime)
+    m = cfg.method
+    if m.name != "ar" and m.drafter is None:
+        raise OmniDraftError(f"method {m.name!r} has no drafter config; set method.drafter or use method=ar")
+    if m.name != "ar" and cfg.drafter is None:
+        raise OmniDraftError(f"method {m.name!r} needs a drafter model; pass drafter=<name>")
+    if m.k < 1:
+        raise OmniDraftError(f"method.k={m.k} must be >= 1")
+    if cfg.decode.max_new_tokens < 1:
+        raise OmniDraftError(f"decode.max_new_tokens={cfg.decode.max_new_tokens} must be >= 1")
+
+
+class Session:
+    """Loaded models + drafter for one (target, drafter, method): what notebooks use."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        cache = Path(cfg.paths.cache_dir)
+        self.target: LoadedModel = load_model(_plain(cfg.target), cache)
+        self.draft_lm: LoadedModel | None = None
+        self.drafter = None
+        self.bridge = None
+        if cfg.method.name != "ar":
+            self.draft_lm = load_model(_plain(cfg.drafter), cache)
+            if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
+                raise OmniDraftError(
+                    f"method=sd needs a drafter that shares the target's tokenizer; {cfg.drafter.name} "
+                    f"and {cfg.target.name} differ: use method=spd_dm")
+            self.bridge = build_bridge(self.draft_lm.tokenizer, self.target.tokenizer, cache)
+            factory = instantiate(cfg.method.drafter)
+            v_t = self.target.model.get_output_embeddings().weight.shape[0]
+            self.drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
+                                     bridge=self.bridge, target_vocab_size=v_t,
+                                     target_eos=self.target.eos_ids)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        c = self.cfg
+        text = c.task.template.format(question=text)
+        return format_prompt(self.target.tokenizer, text, system=c.task.system_prompt,
+                             use_chat_template=c.target.chat_template)
+
+    def generate(self, prompt_ids: list[int], *, baseline: bool = False, seed: int = 0,
+                 max_new_tokens: int | None = None):
+        m = self.cfg.method
+        g = torch.Generator().manual_seed(seed)
+        return generate(self.target.model, prompt_ids, drafter=None if baseline else self.drafter,
+                        k=m.k, max_new_tokens=max_new_tokens or self.cfg.decode.max_new_tokens,
+                        eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
+
+    def check_context(self, rid: str, n_prompt: int) -> None:
+        need = n_prompt + self.cfg.decode.max_new_tokens
+        for role, lm in (("target", self.target), ("drafter", self.draft_lm)):
+            if lm is not None and need > lm.max_context:
+                raise OmniDraftError(
+                    f"prompt {rid!r} has {n_prompt} tokens; with decode.max_new_tokens="
+                    f"{self.cfg.decode.max_new_tokens} it exceeds the {role} {lm.name}'s context of "
+                    f"{lm.max_context}; lower decode.max_new_tokens or drop the prompt (task.offset/limit)")
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Run one experiment; returns the summary (also written to ``run_dir/summary.json``)."""
+    check_config(cfg)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    overrides = _overrides(cfg)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    prov = provenance.collect(int(cfg.seed), overrides)
+
+    t_load = time.perf_counter()
+    sess = Session(cfg)
+    records = load_stream(_plain(cfg.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed))
+    load_s = time.perf_counter() - t_load
+
+    sinks = [JSONLLogger(run_dir / "metrics.jsonl")]
+    for name, node in (cfg.logger or {}).items():
+        sinks.append(instantiate(node, run_dir=str(run_dir), config=OmegaConf.to_container(cfg, resolve=True)))
+    log = MultiLogger(sinks)
+
+    greedy = cfg.method.temperature <= 0
+    measure = cfg.method.name != "ar" and cfg.measure_baseline
+    every = max(1, int(cfg.baseline_every))
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    status = "ok"
+    try:
+        prompts = []
+        for r in records:
+            ids = sess.prompt_ids(r.turns[0])
+            sess.check_context(r.id, len(ids))
+            prompts.append((r, ids))
+        for r, ids in prompts[: int(cfg.warmup_prompts)]:  # warm-up, not logged
+            sess.generate(ids, max_new_tokens=16)
+            if measure:
+                sess.generate(ids, baseline=True, max_new_tokens=16)
+        bar = tqdm(prompts, desc=f"{cfg.method.name} {cfg.task.name}", unit="prompt",
+                   disable=not cfg.progress, dynamic_ncols=True)
+        for i, (r, ids) in enumerate(bar):
+            seed = int(cfg.seed) * 1_000_003 + i
+            with_ar = measure and i % every == 0
+            ar = None
+            if with_ar and i % 2 == 1:
+                ar = sess.generate(ids, baseline=True, seed=seed)
+            sd = sess.generate(ids, seed=seed)
+            if with_ar and i % 2 == 0:
+                ar = sess.generate(ids, baseline=True, seed=seed)
+            row = {"prompt/id": r.id, "prompt/index": i, "prompt/tokens": len(ids), **prompt_row(sd, ar)}
+            row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
+            rows.append(row)
+            log.log(row, step=i)
+            summary = summarise(rows, greedy)
+            post = {"acc": f"{summary['accept/rate']:.2f}", "len": f"{summary['accept/mean_len']:.2f}"}
+            if "speed/speedup" in summary:
+                post["speedup"] = f"{summary['speed/speedup']:.2f}x"
+            bar.set_postfix(post)
+    except BaseException as e:  # keep what was computed, then re-raise
+        status = f"failed: {type(e).__name__}: {e}"
+        raise
+    finally:
+        summary = summarise(rows, greedy)
+        summary.update({
+            "status": status,
+            "method": cfg.method.name, "target": cfg.target.name,
+            "drafter": sess.draft_lm.name if sess.draft_lm is not None else None,
+            "task": cfg.task.name, "k": int(cfg.method.k), "temperature": float(cfg.method.temperature),
+            "max_new_tokens": int(cfg.decode.max_new_tokens),
+            "baseline_every": every if measure else None,
+            "time/load_s": load_s,
+        })
+        if sess.bridge is not None:
+            summary.update(sess.bridge.stats())
+        summary["provenance"] = prov
+        tmp = run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        os.replace(tmp, run_dir / "summary.json")
+        log.log_summary(summary)
+        log.close()
+    return summary
+

@@ -1,0 +1,67 @@
+"""The command line: bad input gives one clear line and a non-zero exit, never a traceback;
+``omnidraft debug=tiny`` writes the three run files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(args, tmp_path, env_extra=None, timeout=300):
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "omnidraft", f"hydra.run.dir={tmp_path}/run", *args],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
+
+
+def _one_error_line(proc, *needles):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("omnidraft: error:")]
+    assert len(lines) == 1, proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_debug_tiny_writes_run_files(tmp_path):
+    proc = _cli(["debug=tiny"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "run"
+    for f in ("config.yaml", "metrics.jsonl", "summary.json"):
+        assert (run / f).exists(), f
+    s = json.loads((run / "summary.json").read_text())
+    assert s["n_prompts"] == 4 and s["lossless/match_rate"] == 1.0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
+    assert s["provenance"]["overrides"] == ["debug=tiny"]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["debug=tiny", "foo=1"], ["foo"]),
+    (["debug=tiny", "method.kk=3"], ["kk"]),
+    (["target=nope"], ["nope"]),
+    (["debug=tiny", "method.k=0"], ["method.k=0"]),
+])
+def test_bad_overrides(tmp_path, args, needles):
+    _one_error_line(_cli(args, tmp_path), *needles)
+
+
+def test_gguf_checksum_mismatch(tmp_path):
+    bad = "0" * 64
+    proc = _cli(["debug=tiny", "drafter=smollm2_135m", f"drafter.gguf.sha256={bad}"], tmp_path)
+    _one_error_line(proc, "checksum mismatch", bad)
+
+
+def test_hub_id_while_offline(tmp_path):
+    proc = _cli(["debug=tiny", "drafter=llama_68m"], tmp_path, {"HF_HUB_OFFLINE": "1"})
+    _one_error_line(proc, "JackFram/llama-68m", "path=")
+
+
+def test_prompt_longer_than_context(tmp_path):
+    proc = _cli(["debug=tiny", "target.max_context=40"], tmp_path)
+    _one_error_line(proc, "context of 40", "decode.max_new_tokens")

@@ -1,0 +1,61 @@
+"""Every config file composes, and every _target_'s kwargs bind to its signature (no weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from omnidraft.config import register_configs
+from omnidraft.instantiate import iter_targets
+from omnidraft.runner import check_config
+
+from conftest import CONF_DIR
+
+GROUPS = ["target", "drafter", "task", "method", "logger", "paths", "debug", "experiment", "ablation", "pair"]
+
+
+def _options():
+    for g in GROUPS:
+        d = Path(CONF_DIR) / g
+        if d.is_dir():
+            for f in sorted(d.glob("*.yaml")):
+                yield g, f.stem
+
+
+def _compose(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=["run_dir=unused", *overrides])
+
+
+@pytest.mark.parametrize("group,option", list(_options()))
+def test_every_config_composes_and_binds(group, option):
+    over = [f"{group}={option}"]
+    if group == "method" and option == "sd":
+        over += ["drafter=qwen25_coder_05b"]
+    cfg = _compose(over)
+    check_config(cfg)  # binds every _target_ (method.drafter, loggers) to its signature
+    if group == "method" and cfg.method.drafter is not None:
+        assert [p for p, _ in iter_targets(cfg)] [:1] == ["method.drafter"]
+
+
+def test_unknown_key_fails_before_loading():
+    with pytest.raises(ConfigCompositionException):
+        _compose(["method.kk=3"])
+
+
+def test_wrong_type_fails_before_loading():
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        _compose(["method.k=five"])
+
+
+def test_misspelled_target_kwarg_is_caught():
+    from omnidraft.errors import OmniDraftError
+
+    cfg = _compose(["+method.drafter.sync_lookbehnd=3"])
+    with pytest.raises(OmniDraftError, match="sync_lookbehnd"):
+        check_config(cfg)

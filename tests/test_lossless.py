@@ -1,0 +1,97 @@
+"""Greedy speculative output equals greedy target output, token by token (fp32, tiny models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnidraft.decode import generate
+from omnidraft.drafters import DirectMapDrafter, SameVocabDrafter
+
+from conftest import PROMPTS, aligned_drafter, eos_of
+
+N_NEW = 24
+
+
+def _prompt(tok, text):
+    return tok.encode(text, add_special_tokens=True)
+
+
+_AR: dict = {}  # (target id, prompt) -> greedy ar tokens, shared across k
+
+
+def _ar(target, ids, eos):
+    key = (id(target), tuple(ids))
+    if key not in _AR:
+        _AR[key] = generate(target, ids, drafter=None, max_new_tokens=N_NEW, eos_ids=eos)
+    return _AR[key]
+
+
+def _check(target, ttok, make_drafter, k):
+    eos = eos_of(ttok)
+    accepted = proposed = 0
+    for text in PROMPTS[:20]:
+        ids = _prompt(ttok, text)
+        ar = _ar(target, ids, eos)
+        sd = generate(target, ids, drafter=make_drafter(), k=k, max_new_tokens=N_NEW, eos_ids=eos)
+        assert sd.tokens == ar.tokens, f"k={k} prompt={text!r}"
+        assert len(sd.tokens) <= N_NEW
+        assert sum(s.emitted for s in sd.steps) == len(sd.tokens)
+        assert all(s.proposed <= k for s in sd.steps)
+        accepted += sd.accepted
+        proposed += sd.proposed
+    return accepted, proposed
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_same_vocab_sd_is_lossless(qwen_tiny, k):
+    target, ttok = qwen_tiny
+    # A drafter that is the target plus noise: agrees often, not always.
+    from omnidraft.vocab import build_bridge
+
+    bridge = build_bridge(ttok, ttok)
+    drafter = aligned_drafter(target, bridge, target.config.vocab_size, noise=0.3)
+    acc, prop = _check(target, ttok, lambda: SameVocabDrafter(drafter, eos_of(ttok)), k)
+    assert 0 < acc < prop  # both acceptance and rejection paths ran
+
+
+@pytest.mark.parametrize("pair", ["pair_llama2_qwen", "pair_llama2_llama3"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_cross_vocab_spd_dm_is_lossless(request, pair, k):
+    target, ttok, drafter, dtok, bridge = request.getfixturevalue(pair)
+    v_t = target.get_output_embeddings().weight.shape[0]
+    make = lambda: DirectMapDrafter(drafter, dtok, bridge, v_t, eos_of(ttok))  # noqa: E731
+    acc, prop = _check(target, ttok, make, k)
+    print(f"{pair} k={k}: accepted {acc}/{prop}")
+    assert acc > 0 and acc < prop
+
+
+def test_max_new_tokens_and_eos_respected(pair_llama2_qwen):
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    v_t = target.get_output_embeddings().weight.shape[0]
+    ids = _prompt(ttok, PROMPTS[0])
+    ar = generate(target, ids, max_new_tokens=12)
+    for n in (1, 2, 7):
+        sd = generate(target, ids, drafter=DirectMapDrafter(drafter, dtok, bridge, v_t), k=5, max_new_tokens=n)
+        assert sd.tokens == ar.tokens[:n]
+    # Declare the 4th greedy token an EOS: both stop right after it.
+    eos = {ar.tokens[3]}
+    ar_e = generate(target, ids, max_new_tokens=12, eos_ids=eos)
+    sd_e = generate(target, ids, drafter=DirectMapDrafter(drafter, dtok, bridge, v_t, eos), k=5,
+                    max_new_tokens=12, eos_ids=eos)
+    assert ar_e.tokens == sd_e.tokens == ar.tokens[: ar.tokens.index(ar.tokens[3]) + 1]
+    assert sd_e.stop == "eos"
+
+
+def test_sampling_seed_reproduces(pair_llama2_qwen):
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    v_t = target.get_output_embeddings().weight.shape[0]
+    ids = _prompt(ttok, PROMPTS[1])
+
+    def run(seed):
+        d = DirectMapDrafter(drafter, dtok, bridge, v_t)
+        return generate(target, ids, drafter=d, k=4, max_new_tokens=20, temperature=1.0,
+                        generator=torch.Generator().manual_seed(seed)).tokens
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)

@@ -1,0 +1,52 @@
+"""run(cfg) on tiny models: the summary's keys and what they must mean."""
+
+from __future__ import annotations
+
+import json
+
+from hydra import compose, initialize_config_dir
+
+from omnidraft.config import register_configs
+from omnidraft.runner import run
+
+from conftest import CONF_DIR
+
+
+def _cfg(tmp_path, *over):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=[f"run_dir={tmp_path}", "debug=tiny", *over])
+
+
+def test_run_summary(tmp_path):
+    s = run(_cfg(tmp_path, "task.limit=3", "decode.max_new_tokens=16", "method.k=3"))
+    for key in ("accept/rate", "accept/mean_len", "speed/ar_tok_per_s", "speed/sd_tok_per_s",
+                "speed/speedup", "speed/modelled_speedup", "lossless/match_rate", "n_prompts", "provenance"):
+        assert key in s, key
+    assert s["n_prompts"] == 3 and s["lossless/match_rate"] == 1.0
+    assert s["accept/mean_len"] >= 1.0
+    prov = s["provenance"]
+    for key in ("git_hash", "git_dirty", "versions", "cpu", "torch_threads", "seed", "overrides"):
+        assert key in prov
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    # summary ratios are ratios of totals over the per-prompt rows
+    acc = sum(r["sd/accepted"] for r in rows) / sum(r["sd/proposed"] for r in rows)
+    assert abs(acc - s["accept/rate"]) < 1e-12
+    assert all(r["sd/new_tokens"] <= 16 for r in rows)
+    assert json.loads((tmp_path / "summary.json").read_text())["n_prompts"] == 3
+
+
+def test_ar_method_and_baseline_every(tmp_path):
+    s = run(_cfg(tmp_path / "a", "method=ar", "task.limit=2", "decode.max_new_tokens=8"))
+    assert s["n_prompts"] == 2 and s["accept/rate"] == 0.0 and s["accept/mean_len"] == 1.0
+    s = run(_cfg(tmp_path / "b", "task.limit=4", "baseline_every=2", "decode.max_new_tokens=8"))
+    assert s["n_baseline_prompts"] == 2
+
+
+def test_seeded_sampling_run_reproduces(tmp_path):
+    over = ("task.limit=2", "decode.max_new_tokens=12", "method.temperature=1.0", "measure_baseline=false")
+    run(_cfg(tmp_path / "a", *over))
+    run(_cfg(tmp_path / "b", *over))
+    out = lambda d: [json.loads(x)["text/output"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert out("a") == out("b")
