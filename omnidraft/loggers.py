@@ -31,7 +31,7 @@ class JSONLLogger:
 class WandbLogger:
     """Weights & Biases, offline by default (``mode=offline`` writes under the run directory)."""
 
-    def __init__(self, run_dir: str | Path, config: dict | None = None, project: str = "omnidraft",
+    def __init__(self, run_dir: str | Path, run_config: dict | None = None, project: str = "omnidraft",
                  mode: str = "offline", name: str | None = None, group: str | None = None,
                  tags: list[str] | None = None):
         import wandb
@@ -39,7 +39,7 @@ class WandbLogger:
         os.environ.setdefault("WANDB_SILENT", "true")
         self._wandb = wandb
         self.run = wandb.init(project=project, mode=mode, dir=str(run_dir), name=name, group=group,
-                              tags=list(tags or []), config=config, reinit="finish_previous")
+                              tags=list(tags or []), config=run_config, reinit="finish_previous")
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))}, step=step)

@@ -32,7 +32,7 @@ from omnidraft.vocab import build_bridge, tokenizer_hash
 RUNTIME_ARGS = {
     "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos"},
 }
-LOGGER_RUNTIME_ARGS = {"run_dir", "config"}
+LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
 
 
 def _plain(node) -> dict:
@@ -130,7 +130,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     sinks = [JSONLLogger(run_dir / "metrics.jsonl")]
     for name, node in (cfg.logger or {}).items():
-        sinks.append(instantiate(node, run_dir=str(run_dir), config=OmegaConf.to_container(cfg, resolve=True)))
+        make = instantiate(node, _partial_=True)  # runtime args passed as plain objects, not configs
+        sinks.append(call_with(make, run_dir=str(run_dir), run_config=OmegaConf.to_container(cfg, resolve=True)))
     log = MultiLogger(sinks)
 
     greedy = cfg.method.temperature <= 0

@@ -50,3 +50,10 @@ def test_seeded_sampling_run_reproduces(tmp_path):
     run(_cfg(tmp_path / "b", *over))
     out = lambda d: [json.loads(x)["text/output"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     assert out("a") == out("b")
+
+
+def test_default_logger_writes_offline_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    s = run(_cfg(tmp_path, "logger=default", "task.limit=1", "decode.max_new_tokens=4"))
+    assert s["n_prompts"] == 1
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
