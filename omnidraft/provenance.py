@@ -43,6 +43,9 @@ def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
         except md.PackageNotFoundError:
             versions[p] = None
     status = _git("status", "--porcelain")
+    if status is not None:  # a run's own output folders do not make the code dirty
+        status = "\n".join(ln for ln in status.splitlines()
+                           if not ln.startswith(("?? results/", "?? outputs/", "?? multirun/")))
     return {
         "git_hash": _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,
@@ -55,5 +58,5 @@ def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "seed": seed,
         "overrides": list(overrides),
-        "argv": sys.argv,
+        "argv": sys.argv[1:],
     }
