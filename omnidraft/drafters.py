@@ -4,6 +4,7 @@
 - :class:`DirectMapDrafter`: a small LM with its own tokenizer, drafting only tokens that map
   directly into the target vocabulary (SpD_DM / TLI). Its context is kept in sync with the
   target's accepted text by re-tokenising only the changed suffix.
+- :class:`NgramDrafter`: DirectMapDrafter + the online n-gram cache (greedy for now).
 
 Both keep their own KV cache and crop it to the longest common prefix with the new context.
 """
@@ -16,6 +17,8 @@ import torch
 
 from omnidraft import kv
 from omnidraft.decode import Proposal
+from omnidraft.errors import OmniDraftError
+from omnidraft.ngram_cache import NgramCache, alignments
 from omnidraft.verify import lift_to_target, probs
 from omnidraft.vocab import Retokenizer, VocabBridge
 
@@ -70,13 +73,15 @@ class _ModelDrafter:
             del self.cached[keep:]
 
     @torch.no_grad()
-    def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
+    def _draft(self, k: int, temperature: float, generator: torch.Generator | None
+               ) -> tuple[list[int], list[torch.Tensor]]:
+        """Up to k drafter tokens (greedy or sampled, under the mask) and their drafter-space
+        distributions (sampling only). Stops after a token that maps to a target EOS."""
         self._sync_cache()
         feed = self.ids[len(self.cached):]
         drafts: list[int] = []
-        tids: list[int] = []
         qs: list[torch.Tensor] = []
-        for step in range(k):
+        for _ in range(k):
             logits = kv.forward(self.model, feed, self.cache, keep=1)[-1].float()
             self.cached.extend(feed)
             if self._mask_add is not None:
@@ -86,14 +91,18 @@ class _ModelDrafter:
             else:
                 qd = probs(logits, temperature).cpu()
                 d = int(torch.multinomial(qd, 1, generator=generator))
-                qs.append(self._lift(qd))
+                qs.append(qd)
             drafts.append(d)
-            tids.append(self._to_target(d))
-            if tids[-1] in self.target_eos:
+            if self._to_target(d) in self.target_eos:
                 break
             feed = [d]
         self._stable = len(self.ids)
-        return Proposal(tids, torch.stack(qs) if qs else None)
+        return drafts, qs
+
+    def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
+        drafts, qs = self._draft(k, temperature, generator)
+        q = torch.stack([self._lift(x) for x in qs]) if qs else None
+        return Proposal([self._to_target(d) for d in drafts], q)
 
 
 class SameVocabDrafter(_ModelDrafter):
@@ -166,3 +175,58 @@ class DirectMapDrafter(_ModelDrafter):
 
     def _lift(self, qd: torch.Tensor) -> torch.Tensor:
         return lift_to_target(qd, self._map_ids, self._map_tgt, self.v_t)
+
+
+class NgramDrafter(DirectMapDrafter):
+    """Cross-vocabulary drafter with the online n-gram cache (OmniDraft's drafting side).
+
+    The drafter may propose directly mapped tokens and the sub-tokens of cached n-grams; its k
+    drafter tokens are merged (longest match) into m <= k target proposals. After each step the
+    accepted target text is re-tokenised in context (the sync of DirectMapDrafter) and every target
+    token spelled by >= 2 drafter tokens is added to the cache.
+
+    Greedy verification stays lossless: the target checks every merged proposal.
+    """
+
+    def __init__(self, model, tokenizer, bridge: VocabBridge, target_vocab_size: int,
+                 target_eos: set[int] = frozenset(), sync_lookbehind: int = 2,
+                 ngram: NgramCache | None = None, learn: bool = True):
+        super().__init__(model, tokenizer, bridge, target_vocab_size, target_eos, sync_lookbehind)
+        self.ngram = ngram if ngram is not None else NgramCache()
+        self.learn = learn
+        for seq in list(self.ngram._by_seq):
+            self._allow(seq)
+        self.hits_last = 0
+        self.hits_total = 0
+
+    def _allow(self, seq) -> None:
+        idx = torch.tensor([d for d in seq if d < self._mask_add.numel()], dtype=torch.long)
+        if idx.numel():
+            self._mask_add[idx.to(self._mask_add.device)] = 0.0
+
+    def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
+        if temperature > 0:
+            raise OmniDraftError("sampling with the n-gram cache is not implemented yet (needs the paper's q' rule); use method.temperature=0")
+        drafts, _ = self._draft(k, temperature, generator)
+        merged = self.ngram.merge(drafts, self.bridge.to_target)
+        self.hits_last = sum(m.is_ngram for m in merged)
+        self.hits_total += self.hits_last
+        return Proposal([m.target_id for m in merged])
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative statistics over the stream (the runner logs per-prompt differences)."""
+        return {**self.ngram.stats(), "ngram/proposed_hits": self.hits_total}
+
+    def commit(self, new_ids: list[int], n_accepted: int) -> None:
+        pending_before = self._utf8.getstate()[0]
+        super().commit(new_ids, n_accepted)
+        if not self.learn or pending_before or self._utf8.getstate()[0]:
+            return  # this step's text does not line up with its target tokens byte for byte
+        # The re-tokenised segment spells (tail text + new text); target tokens start after the tail.
+        seg = self.ids[self._stable:]
+        tail = len(self.retok.spelled(seg)) - len(self.bridge.target_text_bytes(new_ids))
+        if tail < 0:
+            return
+        for t, seq in alignments(new_ids, self.bridge.target_bytes, seg, self.bridge.draft_bytes, tail):
+            if self.ngram.add(t, seq):
+                self._allow(seq)

@@ -29,6 +29,17 @@ def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, A
     return row
 
 
+def drafter_row(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:
+    """Per-prompt drafter statistics from cumulative counters (n-gram cache size, hits per step)."""
+    row: dict[str, float] = {}
+    if "ngram/size" in after:
+        row["ngram/size"] = after["ngram/size"]
+        row["ngram/bytes"] = after["ngram/bytes"]
+        row["ngram/hits"] = after["ngram/proposed_hits"] - before.get("ngram/proposed_hits", 0)
+        row["ngram/hits_per_step"] = row["ngram/hits"] / max(1, steps)
+    return row
+
+
 def _first_mismatch(a: list[int], b: list[int]) -> int:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -50,6 +61,10 @@ def summarise(rows: list[dict[str, Any]], greedy: bool) -> dict[str, Any]:
     s["speed/sd_tok_per_s_all"] = tot("sd/new_tokens") / tot("sd/wall_s")
     s["time/draft_share"] = tot("sd/draft_s") / tot("sd/wall_s")
     s["time/target_share"] = tot("sd/target_s") / tot("sd/wall_s")
+    if "ngram/size" in rows[-1]:
+        s["ngram/size"] = rows[-1]["ngram/size"]
+        s["ngram/bytes"] = rows[-1]["ngram/bytes"]
+        s["ngram/hits_per_step"] = tot("ngram/hits") / steps if steps else 0.0
     paired = [r for r in rows if "ar/new_tokens" in r]
     s["n_baseline_prompts"] = len(paired)
     if paired:

@@ -23,7 +23,7 @@ from omnidraft.decode import generate
 from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with, check_targets
 from omnidraft.loggers import JSONLLogger, MultiLogger
-from omnidraft.metrics import prompt_row, summarise
+from omnidraft.metrics import drafter_row, prompt_row, summarise
 from omnidraft.models import LoadedModel, load_model
 from omnidraft.tasks import format_prompt, load_stream
 from omnidraft.vocab import build_bridge, tokenizer_hash
@@ -37,6 +37,24 @@ LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
 
 def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True) if node is not None else None
+
+
+def portable_config(cfg: DictConfig) -> dict:
+    """The resolved config with machine-specific paths made portable for the record: paths under
+    the working directory become relative, the home directory becomes '~'."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    home, cwd = str(Path.home()), os.getcwd()
+
+    def fix(p):
+        if not isinstance(p, str) or not os.path.isabs(p):
+            return p
+        if p == cwd or p.startswith(cwd + os.sep):
+            return os.path.relpath(p, cwd)
+        return "~" + p[len(home):] if p.startswith(home + os.sep) else p
+
+    c["run_dir"] = fix(c.get("run_dir"))
+    c["paths"]["cache_dir"] = fix(c["paths"]["cache_dir"])
+    return c
 
 
 def _overrides(cfg: DictConfig) -> list[str]:
@@ -102,6 +120,10 @@ class Session:
                         k=m.k, max_new_tokens=max_new_tokens or self.cfg.decode.max_new_tokens,
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
 
+    def drafter_stats(self) -> dict[str, float]:
+        stats = getattr(self.drafter, "stats", None)
+        return stats() if callable(stats) else {}
+
     def check_context(self, rid: str, n_prompt: int) -> None:
         need = n_prompt + self.cfg.decode.max_new_tokens
         for role, lm in (("target", self.target), ("drafter", self.draft_lm)):
@@ -120,7 +142,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     overrides = _overrides(cfg)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(portable_config(cfg)))
     prov = provenance.collect(int(cfg.seed), overrides)
 
     t_load = time.perf_counter()
@@ -158,10 +180,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             ar = None
             if with_ar and i % 2 == 1:
                 ar = sess.generate(ids, baseline=True, seed=seed)
+            before = sess.drafter_stats()
             sd = sess.generate(ids, seed=seed)
             if with_ar and i % 2 == 0:
                 ar = sess.generate(ids, baseline=True, seed=seed)
-            row = {"prompt/id": r.id, "prompt/index": i, "prompt/tokens": len(ids), **prompt_row(sd, ar)}
+            row = {"prompt/id": r.id, "prompt/index": i, "prompt/tokens": len(ids), **prompt_row(sd, ar),
+                   **drafter_row(before, sess.drafter_stats(), len(sd.steps))}
             row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
             rows.append(row)
             log.log(row, step=i)

@@ -57,3 +57,12 @@ def test_default_logger_writes_offline_wandb_run(tmp_path, monkeypatch):
     s = run(_cfg(tmp_path, "logger=default", "task.limit=1", "decode.max_new_tokens=4"))
     assert s["n_prompts"] == 1
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_python_api_generates_text():
+    from omnidraft.api import load
+
+    dec = load(overrides=["debug=tiny", "method.k=3"])
+    out = dec.generate_text("Hello there", with_baseline=True, max_new_tokens=8)
+    assert out.result.tokens == out.baseline.tokens and len(out.result.tokens) == 8
+    assert isinstance(out.text, str)

@@ -1,0 +1,56 @@
+"""Python API for notebooks: build a decoder from config names and call it on prompts.
+
+    from omnidraft.api import load
+    dec = load(target="qwen25_coder_05b", drafter="smollm2_135m", method="spd_dm", overrides=["method.k=3"])
+    out = dec.generate_text("What is 17 * 23?")
+    out.text, out.result.accepted, out.result.proposed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from omnidraft.config import register_configs
+from omnidraft.decode import GenerationResult
+from omnidraft.runner import Session, check_config
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+@dataclass
+class TextOutput:
+    text: str
+    result: GenerationResult
+    baseline: GenerationResult | None = None
+
+
+class Decoder(Session):
+    """A Session with text in, text out."""
+
+    def generate_text(self, prompt: str, *, with_baseline: bool = False, seed: int = 0,
+                      max_new_tokens: int | None = None) -> TextOutput:
+        ids = self.prompt_ids(prompt)
+        self.check_context("api", len(ids))
+        res = self.generate(ids, seed=seed, max_new_tokens=max_new_tokens)
+        base = self.generate(ids, baseline=True, seed=seed, max_new_tokens=max_new_tokens) if with_baseline else None
+        return TextOutput(self.target.tokenizer.decode(res.tokens, skip_special_tokens=True), res, base)
+
+
+def compose_config(*, target: str | None = None, drafter: str | None = None, method: str | None = None,
+                   overrides: list[str] | None = None):
+    """Compose the Hydra config the CLI would build (run_dir is unused outside runs)."""
+    over = [f"{g}={v}" for g, v in (("target", target), ("drafter", drafter), ("method", method)) if v]
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["run_dir=.", *over, *(overrides or [])])
+    check_config(cfg)
+    return cfg
+
+
+def load(*, target: str | None = None, drafter: str | None = None, method: str | None = None,
+         overrides: list[str] | None = None) -> Decoder:
+    """Load models once and return a :class:`Decoder`."""
+    return Decoder(compose_config(target=target, drafter=drafter, method=method, overrides=overrides))
