@@ -126,7 +126,7 @@ def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k
         m = len(prop.ids)
         logits = kv.forward(target, [pending] + prop.ids, cache)
         if greedy:
-            n, nxt = greedy_verify(logits, torch.tensor(prop.ids, dtype=torch.long, device=logits.device))
+            n, nxt = greedy_verify(logits, prop.ids)
         else:
             n, nxt = sample_verify(probs(logits, temperature).cpu(), prop.q,
                                    torch.tensor(prop.ids, dtype=torch.long), generator)

@@ -15,23 +15,23 @@ def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
-def greedy_verify(target_logits: torch.Tensor, proposal: torch.Tensor) -> tuple[int, int]:
+def greedy_verify(target_logits: torch.Tensor, proposal: list[int]) -> tuple[int, int]:
     """Accept the longest prefix of the proposal that equals the target's argmax.
 
     Args:
         target_logits: (m+1, V_t), logits after the pending token and after each proposal.
-        proposal: (m,) target ids.
+        proposal: m target ids.
 
     Returns:
         (n_accepted, next_token): the correction at the first mismatch, or the bonus token.
     """
-    top = target_logits.argmax(dim=-1)
-    m = proposal.numel()
-    if m == 0:
-        return 0, int(top[0])
-    ok = (top[:m] == proposal).to(torch.int32)
-    n = int(ok.cumprod(0).sum())
-    return n, int(top[n])
+    top = target_logits.argmax(dim=-1).tolist()  # one device->host transfer per step
+    n = 0
+    for want, got in zip(proposal, top):
+        if want != got:
+            break
+        n += 1
+    return n, top[n]
 
 
 def sample_verify(p: torch.Tensor, q: torch.Tensor, proposal: torch.Tensor,

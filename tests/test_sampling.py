@@ -88,3 +88,14 @@ def test_spd_dm_sampling_matches_target():
     assert _tv(counts, P) < 0.02
     wrong = _first_token_hist(p_rows, draw, _wrong_verify, 6)
     assert _tv(wrong, P) > 0.05
+
+
+def test_greedy_verify_prefix_correction_and_bonus():
+    from omnidraft.verify import greedy_verify
+
+    logits = torch.full((4, 10), -1.0)
+    for row, tok in enumerate([3, 5, 7, 9]):
+        logits[row, tok] = 1.0
+    assert greedy_verify(logits, [3, 5, 7]) == (3, 9)  # all accepted + bonus
+    assert greedy_verify(logits, [3, 4, 7]) == (1, 5)  # correction at the first mismatch
+    assert greedy_verify(logits[:1], []) == (0, 3)  # plain decoding step
