@@ -132,6 +132,19 @@ class Session:
                     f"prompt {rid!r} has {n_prompt} tokens; with decode.max_new_tokens="
                     f"{self.cfg.decode.max_new_tokens} it exceeds the {role} {lm.name}'s context of "
                     f"{lm.max_context}; lower decode.max_new_tokens or drop the prompt (task.offset/limit)")
+            window = sliding_window(lm.model.config) if lm is not None else None
+            if window is not None and need > window:
+                raise OmniDraftError(
+                    f"prompt {rid!r} needs {need} positions but the {role} {lm.name} uses sliding-window "
+                    f"attention over {window}; KV rollback past the window is not supported: lower "
+                    "decode.max_new_tokens or use shorter prompts")
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of models with sliding-window layers (e.g. Gemma-3), else None."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return int(config.sliding_window)
+    return None
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
