@@ -66,3 +66,12 @@ def test_python_api_generates_text():
     out = dec.generate_text("Hello there", with_baseline=True, max_new_tokens=8)
     assert out.result.tokens == out.baseline.tokens and len(out.result.tokens) == 8
     assert isinstance(out.text, str)
+
+
+def test_sliding_window_models_are_detected():
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+    from omnidraft.runner import sliding_window
+
+    assert sliding_window(Gemma3TextConfig(sliding_window=512)) == 512
+    assert sliding_window(Qwen2Config()) is None and sliding_window(LlamaConfig()) is None
