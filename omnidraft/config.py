@@ -79,11 +79,26 @@ class TaskConfig:
 
 
 @dataclass
+class AdaptConfig:
+    """Online drafter adaptation (hybrid distillation), see omnidraft.online."""
+
+    enabled: bool = False
+    interval: int = 8  # update every N prompts, then clear the buffer
+    lam: float = 0.2  # weight of the n-gram NLL term; 0 = L_DM only
+    loss: str = "kl_nll"  # kl_nll | nll_only
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    batch_size: int = 8
+    steps_per_update: int = 1
+
+
+@dataclass
 class MethodConfig:
     name: str = MISSING  # ar | sd | spd_dm
     k: int = 5
     temperature: float = 0.0  # 0 = greedy (lossless: output identical to ar)
     drafter: Optional[Dict[str, Any]] = None  # _target_ + kwargs, _partial_: true
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
 
 
 @dataclass
@@ -113,6 +128,7 @@ class Config:
     warmup_prompts: int = 1
     threads: Optional[int] = None
     progress: bool = True
+    metrics_window: int = 50  # prompts in accept/rate_first_window and _last_window
     overrides: List[str] = field(default_factory=list)  # filled by the CLI for provenance
 
 

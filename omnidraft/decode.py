@@ -34,14 +34,15 @@ class Drafter(Protocol):
     """A drafting strategy: a model drafter, an n-gram drafter, ...
 
     ``start`` receives the prompt, ``propose`` returns up to k target tokens, ``commit`` receives
-    the tokens the target emitted this step (accepted proposals + the correction/bonus token).
+    the tokens the target emitted this step (accepted proposals + the correction/bonus token) and
+    the verification logits (m+1, V_t) already computed, which online learners use as targets.
     """
 
     def start(self, prompt_ids: list[int]) -> None: ...
 
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal: ...
 
-    def commit(self, new_ids: list[int], n_accepted: int) -> None: ...
+    def commit(self, new_ids: list[int], n_accepted: int, target_logits: torch.Tensor) -> None: ...
 
 
 @dataclass
@@ -139,9 +140,8 @@ def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k
         new = new[: max_new_tokens - len(out)]
         out.extend(new)
         pending = nxt
-        done = stop_at is not None or len(out) >= max_new_tokens
-        if drafter is not None and not done:
-            drafter.commit(new, n)
+        if drafter is not None:
+            drafter.commit(new, n, logits)
         t3 = time.perf_counter()
         res.steps.append(StepRecord(m, n, len(new), (t1 - t0) + (t3 - t2), t2 - t1))
         if stop_at is not None:

@@ -114,7 +114,7 @@ class SameVocabDrafter(_ModelDrafter):
     def start(self, prompt_ids: list[int]) -> None:
         self._reset(prompt_ids)
 
-    def commit(self, new_ids: list[int], n_accepted: int) -> None:
+    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
         self.ids.extend(new_ids)
 
     def _to_target(self, d: int) -> int:
@@ -156,7 +156,7 @@ class DirectMapDrafter(_ModelDrafter):
         self.n_prompt = len(d_prompt)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def commit(self, new_ids: list[int], n_accepted: int) -> None:
+    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
         """Append the target's new text: re-tokenise the last few drafter tokens + the new text."""
         text = self._utf8.decode(self.bridge.target_text_bytes(new_ids))
         if not text:
@@ -190,10 +190,12 @@ class NgramDrafter(DirectMapDrafter):
 
     def __init__(self, model, tokenizer, bridge: VocabBridge, target_vocab_size: int,
                  target_eos: set[int] = frozenset(), sync_lookbehind: int = 2,
-                 ngram: NgramCache | None = None, learn: bool = True):
+                 ngram: NgramCache | None = None, learn: bool = True, learner=None):
         super().__init__(model, tokenizer, bridge, target_vocab_size, target_eos, sync_lookbehind)
         self.ngram = ngram if ngram is not None else NgramCache()
         self.learn = learn
+        self.learner = learner  # an omnidraft.online.OnlineLearner, or None for a frozen drafter
+        self._last = None
         for seq in list(self.ngram._by_seq):
             self._allow(seq)
         self.hits_last = 0
@@ -207,8 +209,11 @@ class NgramDrafter(DirectMapDrafter):
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
         if temperature > 0:
             raise OmniDraftError("sampling with the n-gram cache is not implemented yet (needs the paper's q' rule); use method.temperature=0")
+        ctx = list(self.ids) if self.learner is not None else None
         drafts, _ = self._draft(k, temperature, generator)
         merged = self.ngram.merge(drafts, self.bridge.to_target)
+        if self.learner is not None:
+            self._last = (ctx, drafts[: merged[-1].end] if merged else [], merged)
         self.hits_last = sum(m.is_ngram for m in merged)
         self.hits_total += self.hits_last
         return Proposal([m.target_id for m in merged])
@@ -217,7 +222,11 @@ class NgramDrafter(DirectMapDrafter):
         """Cumulative statistics over the stream (the runner logs per-prompt differences)."""
         return {**self.ngram.stats(), "ngram/proposed_hits": self.hits_total}
 
-    def commit(self, new_ids: list[int], n_accepted: int) -> None:
+    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
+        if self.learner is not None and target_logits is not None and self._last is not None:
+            ctx, drafts, merged = self._last
+            self.learner.record(ctx, drafts, merged, target_logits, n_accepted)
+        self._last = None
         pending_before = self._utf8.getstate()[0]
         super().commit(new_ids, n_accepted)
         if not self.learn or pending_before or self._utf8.getstate()[0]:

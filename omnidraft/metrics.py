@@ -47,7 +47,12 @@ def _first_mismatch(a: list[int], b: list[int]) -> int:
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def summarise(rows: list[dict[str, Any]], greedy: bool) -> dict[str, Any]:
+def _rate(rs: list[dict[str, Any]]) -> float:
+    p = sum(r["sd/proposed"] for r in rs)
+    return sum(r["sd/accepted"] for r in rs) / p if p else 0.0
+
+
+def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dict[str, Any]:
     """Aggregate per-prompt rows: totals first, ratios of totals (not means of ratios)."""
     s: dict[str, Any] = {"n_prompts": len(rows)}
     if not rows:
@@ -61,6 +66,12 @@ def summarise(rows: list[dict[str, Any]], greedy: bool) -> dict[str, Any]:
     s["speed/sd_tok_per_s_all"] = tot("sd/new_tokens") / tot("sd/wall_s")
     s["time/draft_share"] = tot("sd/draft_s") / tot("sd/wall_s")
     s["time/target_share"] = tot("sd/target_s") / tot("sd/wall_s")
+    s["accept/rate_first_window"] = _rate(rows[:window])
+    s["accept/rate_last_window"] = _rate(rows[-window:])
+    if any("adapt/update_s" in r for r in rows):
+        up = tot("adapt/update_s")
+        s["adapt/time_share"] = up / (up + tot("sd/wall_s") + tot("ar/wall_s"))
+        s["adapt/n_updates"] = sum("adapt/update_s" in r for r in rows)
     if "ngram/size" in rows[-1]:
         s["ngram/size"] = rows[-1]["ngram/size"]
         s["ngram/bytes"] = rows[-1]["ngram/bytes"]

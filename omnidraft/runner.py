@@ -25,12 +25,13 @@ from omnidraft.instantiate import call_with, check_targets
 from omnidraft.loggers import JSONLLogger, MultiLogger
 from omnidraft.metrics import drafter_row, prompt_row, summarise
 from omnidraft.models import LoadedModel, load_model
+from omnidraft.online import OnlineLearner
 from omnidraft.tasks import format_prompt, load_stream
 from omnidraft.vocab import build_bridge, tokenizer_hash
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
 RUNTIME_ARGS = {
-    "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos"},
+    "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos", "learner"},
 }
 LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
 
@@ -77,6 +78,16 @@ def check_config(cfg: DictConfig) -> None:
         raise OmniDraftError(f"method {m.name!r} has no drafter config; set method.drafter or use method=ar")
     if m.name != "ar" and cfg.drafter is None:
         raise OmniDraftError(f"method {m.name!r} needs a drafter model; pass drafter=<name>")
+    if m.adapt.enabled:
+        import inspect
+
+        from omnidraft.instantiate import _import
+
+        if "learner" not in inspect.signature(_import(m.drafter["_target_"])).parameters:
+            raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
+                                 f"(omnidraft.drafters.NgramDrafter), not {m.drafter['_target_']}")
+        if m.temperature > 0:
+            raise OmniDraftError("online adaptation is implemented for greedy decoding only; set method.temperature=0")
     if m.k < 1:
         raise OmniDraftError(f"method.k={m.k} must be >= 1")
     if cfg.decode.max_new_tokens < 1:
@@ -93,6 +104,7 @@ class Session:
         self.draft_lm: LoadedModel | None = None
         self.drafter = None
         self.bridge = None
+        self.learner = None
         if cfg.method.name != "ar":
             self.draft_lm = load_model(_plain(cfg.drafter), cache)
             if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
@@ -102,9 +114,14 @@ class Session:
             self.bridge = build_bridge(self.draft_lm.tokenizer, self.target.tokenizer, cache)
             factory = instantiate(cfg.method.drafter)
             v_t = self.target.model.get_output_embeddings().weight.shape[0]
+            a = cfg.method.adapt
+            self.learner = OnlineLearner(
+                self.draft_lm.model, self.bridge, lam=a.lam, loss=a.loss, lr=a.lr,
+                weight_decay=a.weight_decay, batch_size=a.batch_size,
+                steps_per_update=a.steps_per_update, seed=int(cfg.seed)) if a.enabled else None
             self.drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
                                      bridge=self.bridge, target_vocab_size=v_t,
-                                     target_eos=self.target.eos_ids)
+                                     target_eos=self.target.eos_ids, learner=self.learner)
 
     def prompt_ids(self, text: str) -> list[int]:
         c = self.cfg
@@ -200,9 +217,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             row = {"prompt/id": r.id, "prompt/index": i, "prompt/tokens": len(ids), **prompt_row(sd, ar),
                    **drafter_row(before, sess.drafter_stats(), len(sd.steps))}
             row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
+            if sess.learner is not None and (i + 1) % int(cfg.method.adapt.interval) == 0:
+                t_up = time.perf_counter()
+                row.update(sess.learner.update())
+                row["adapt/update_s"] = time.perf_counter() - t_up
             rows.append(row)
             log.log(row, step=i)
-            summary = summarise(rows, greedy)
+            summary = summarise(rows, greedy, int(cfg.metrics_window))
             post = {"acc": f"{summary['accept/rate']:.2f}", "len": f"{summary['accept/mean_len']:.2f}"}
             if "speed/speedup" in summary:
                 post["speedup"] = f"{summary['speed/speedup']:.2f}x"
@@ -211,7 +232,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         status = f"failed: {type(e).__name__}: {e}"
         raise
     finally:
-        summary = summarise(rows, greedy)
+        summary = summarise(rows, greedy, int(cfg.metrics_window))
         summary.update({
             "status": status,
             "method": cfg.method.name, "target": cfg.target.name,

@@ -75,3 +75,21 @@ def test_sliding_window_models_are_detected():
 
     assert sliding_window(Gemma3TextConfig(sliding_window=512)) == 512
     assert sliding_window(Qwen2Config()) is None and sliding_window(LlamaConfig()) is None
+
+
+def test_omnidraft_method_adapts_online_and_stays_lossless(tmp_path):
+    s = run(_cfg(tmp_path, "method=omnidraft", "method.adapt.interval=2", "task.limit=4",
+                 "decode.max_new_tokens=12"))
+    assert s["lossless/match_rate"] == 1.0 and s["adapt/n_updates"] == 2
+    assert 0 < s["adapt/time_share"] < 1 and s["ngram/size"] > 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [("adapt/loss" in r) for r in rows] == [False, True, False, True]
+
+
+def test_adapt_with_a_drafter_that_cannot_learn_is_refused(tmp_path):
+    import pytest
+
+    from omnidraft.errors import OmniDraftError
+
+    with pytest.raises(OmniDraftError, match="NgramDrafter"):
+        run(_cfg(tmp_path, "method=spd_dm", "method.adapt.enabled=true"))

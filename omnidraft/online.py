@@ -1,0 +1,131 @@
+"""Online adaptation of the drafter from the live stream (OmniDraft's hybrid distillation).
+
+Data is on-policy: each speculative step records the drafter's context, its drafted tokens, and
+the target's distributions at the proposed positions, taken from the verification pass already
+computed (no extra target forward). Every ``interval`` prompts the runner calls :meth:`update`,
+which runs AdamW on the buffer and clears it (no replay). The target is never touched.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from omnidraft.distill import hybrid_loss, lifted_log_probs, ngram_nll, reverse_kl
+from omnidraft.ngram_cache import Merged
+from omnidraft.vocab import VocabBridge
+
+LOSSES = ("kl_nll", "nll_only")
+
+
+@dataclass
+class Example:
+    """One speculative step, as training data.
+
+    Attributes:
+        ctx: drafter context before drafting.
+        drafts: drafter tokens behind the merged proposals.
+        dm_pos: draft positions whose proposal is a directly mapped token.
+        dm_logp: (len(dm_pos), C) target log-probabilities over the reachable target tokens.
+        ng_pos: draft positions of sub-tokens of n-grams the target accepted.
+    """
+
+    ctx: list[int]
+    drafts: list[int]
+    dm_pos: list[int]
+    dm_logp: torch.Tensor
+    ng_pos: list[int]
+
+
+class OnlineLearner:
+    """Buffer + optimiser for the drafter.
+
+    Args:
+        model: the drafter LM (its weights are trained in place; inference mode restored after).
+        bridge: the direct map drafter -> target.
+        lam: weight of the n-gram NLL term (paper: 0.2); 0 gives ``L_DM`` only.
+        loss: 'kl_nll' (reverse KL on DM positions + lam * NLL on n-grams) or 'nll_only'.
+    """
+
+    def __init__(self, model, bridge: VocabBridge, *, lam: float = 0.2, loss: str = "kl_nll",
+                 lr: float = 1e-4, weight_decay: float = 0.01, batch_size: int = 8,
+                 steps_per_update: int = 1, seed: int = 0):
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        self.model, self.lam, self.loss_name = model, float(lam), loss
+        self.batch_size, self.steps_per_update = int(batch_size), int(steps_per_update)
+        self.map_ids = torch.nonzero(bridge.draft_mask).squeeze(1)
+        tgt = bridge.d2t[self.map_ids]
+        self.cols = torch.unique(tgt)  # reachable target tokens, sorted
+        self.map_cols = torch.searchsorted(self.cols, tgt)
+        self.buffer: list[Example] = []
+        self.rng = random.Random(seed)
+        self.params = [p for p in model.parameters()]
+        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+        self.n_updates = 0
+
+    def record(self, ctx: list[int], drafts: list[int], merged: list[Merged],
+               target_logits: torch.Tensor, n_accepted: int) -> None:
+        """Store one step. ``target_logits`` row i is the target's distribution for proposal i."""
+        if not merged:
+            return
+        dm_rows, dm_pos, ng_pos = [], [], []
+        for i, m in enumerate(merged):
+            if m.is_ngram:
+                if i < n_accepted:
+                    ng_pos.extend(range(m.start, m.end))
+            else:
+                dm_rows.append(i)
+                dm_pos.append(m.start)
+        logp = torch.log_softmax(target_logits[dm_rows].float(), -1)[:, self.cols.to(target_logits.device)]
+        self.buffer.append(Example(ctx, drafts, dm_pos, logp.to(torch.float16).cpu(), ng_pos))
+
+    def losses(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """Hybrid loss over examples (differentiable w.r.t. the drafter)."""
+        dm_terms, ng_terms = [], []
+        dev = self.model.device
+        for ex in examples:
+            ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
+            logits = self.model(input_ids=ids, logits_to_keep=len(ex.drafts)).logits[0].float()
+            if ex.dm_pos and self.loss_name == "kl_nll":
+                lq = lifted_log_probs(logits[ex.dm_pos], self.map_ids.to(dev), self.map_cols.to(dev), len(self.cols))
+                dm_terms.append(reverse_kl(lq, ex.dm_logp.to(dev).float()))
+            if ex.ng_pos:
+                ng_terms.append(ngram_nll(logits[ex.ng_pos], torch.tensor([ex.drafts[j] for j in ex.ng_pos], device=dev)))
+        cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, device=dev)  # noqa: E731
+        lam = 1.0 if self.loss_name == "nll_only" else self.lam
+        return hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
+
+    def update(self) -> dict[str, float]:
+        """AdamW steps over the buffer in mini-batches, then clear it. Returns mean losses."""
+        if not self.buffer:
+            return {}
+        self.model.train()
+        for p in self.params:
+            p.requires_grad_(True)
+        stats = {"adapt/loss": 0.0, "adapt/loss_dm": 0.0, "adapt/loss_ngram": 0.0}
+        n, n_examples = 0, len(self.buffer)
+        try:
+            for _ in range(self.steps_per_update):
+                order = list(range(len(self.buffer)))
+                self.rng.shuffle(order)
+                for b in range(0, len(order), self.batch_size):
+                    out = self.losses([self.buffer[i] for i in order[b: b + self.batch_size]])
+                    self.opt.zero_grad(set_to_none=True)
+                    if out["loss"].requires_grad:
+                        out["loss"].backward()
+                        self.opt.step()
+                    for k, key in (("loss", "adapt/loss"), ("loss_dm", "adapt/loss_dm"), ("loss_ngram", "adapt/loss_ngram")):
+                        stats[key] += float(out[k].detach())
+                    n += 1
+        finally:
+            self.opt.zero_grad(set_to_none=True)
+            for p in self.params:
+                p.requires_grad_(False)
+            self.model.eval()
+            self.buffer.clear()
+        self.n_updates += 1
+        return {k: v / max(1, n) for k, v in stats.items()} | {"adapt/n_examples": n_examples,
+                                                                "adapt/n_batches": n}
