@@ -39,6 +39,18 @@ class Example:
     ng_pos: list[int]
 
 
+def with_lora(model, rank: int, alpha: int | None = None, target_modules: list[str] | None = None):
+    """Wrap a drafter with LoRA adapters (peft); the base weights stay frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=int(rank), lora_alpha=int(alpha or 2 * rank), lora_dropout=0.0,
+                     target_modules=list(target_modules or ["q_proj", "k_proj", "v_proj", "o_proj"]))
+    wrapped = get_peft_model(model, cfg)
+    for p in wrapped.parameters():
+        p.requires_grad_(False)
+    return wrapped.eval()
+
+
 class OnlineLearner:
     """Buffer + optimiser for the drafter.
 
@@ -62,7 +74,10 @@ class OnlineLearner:
         self.map_cols = torch.searchsorted(self.cols, tgt)
         self.buffer: list[Example] = []
         self.rng = random.Random(seed)
-        self.params = [p for p in model.parameters()]
+        # With LoRA (peft) only the adapter weights train; otherwise the whole drafter.
+        named = list(model.named_parameters())
+        lora = [p for n, p in named if "lora_" in n]
+        self.params = lora if lora else [p for _, p in named]
         self.opt = torch.optim.AdamW(self.params, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
         self.n_updates = 0
 
@@ -98,8 +113,10 @@ class OnlineLearner:
         lam = 1.0 if self.loss_name == "nll_only" else self.lam
         return hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
 
-    def update(self) -> dict[str, float]:
+    def update(self, progress: bool = True) -> dict[str, float]:
         """AdamW steps over the buffer in mini-batches, then clear it. Returns mean losses."""
+        from tqdm.auto import tqdm
+
         if not self.buffer:
             return {}
         self.model.train()
@@ -107,11 +124,14 @@ class OnlineLearner:
             p.requires_grad_(True)
         stats = {"adapt/loss": 0.0, "adapt/loss_dm": 0.0, "adapt/loss_ngram": 0.0}
         n, n_examples = 0, len(self.buffer)
+        n_batches = self.steps_per_update * -(-n_examples // self.batch_size)
+        bar = tqdm(total=n_batches, desc="adapt", unit="batch", leave=False, disable=not progress)
         try:
             for _ in range(self.steps_per_update):
                 order = list(range(len(self.buffer)))
                 self.rng.shuffle(order)
                 for b in range(0, len(order), self.batch_size):
+                    bar.update(1)
                     out = self.losses([self.buffer[i] for i in order[b: b + self.batch_size]])
                     self.opt.zero_grad(set_to_none=True)
                     if out["loss"].requires_grad:
@@ -121,6 +141,7 @@ class OnlineLearner:
                         stats[key] += float(out[k].detach())
                     n += 1
         finally:
+            bar.close()
             self.opt.zero_grad(set_to_none=True)
             for p in self.params:
                 p.requires_grad_(False)

@@ -25,7 +25,7 @@ from omnidraft.instantiate import call_with, check_targets
 from omnidraft.loggers import JSONLLogger, MultiLogger
 from omnidraft.metrics import drafter_row, prompt_row, summarise
 from omnidraft.models import LoadedModel, load_model
-from omnidraft.online import OnlineLearner
+from omnidraft.online import OnlineLearner, with_lora
 from omnidraft.tasks import format_prompt, load_stream
 from omnidraft.vocab import build_bridge, tokenizer_hash
 
@@ -115,6 +115,9 @@ class Session:
             factory = instantiate(cfg.method.drafter)
             v_t = self.target.model.get_output_embeddings().weight.shape[0]
             a = cfg.method.adapt
+            if a.enabled and a.lora_rank:
+                self.draft_lm.model = with_lora(self.draft_lm.model, a.lora_rank, a.lora_alpha,
+                                                list(a.lora_target_modules))
             self.learner = OnlineLearner(
                 self.draft_lm.model, self.bridge, lam=a.lam, loss=a.loss, lr=a.lr,
                 weight_decay=a.weight_decay, batch_size=a.batch_size,
@@ -219,7 +222,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
             if sess.learner is not None and (i + 1) % int(cfg.method.adapt.interval) == 0:
                 t_up = time.perf_counter()
-                row.update(sess.learner.update())
+                row.update(sess.learner.update(progress=bool(cfg.progress)))
                 row["adapt/update_s"] = time.perf_counter() - t_up
             rows.append(row)
             log.log(row, step=i)

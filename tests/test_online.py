@@ -51,3 +51,27 @@ def test_greedy_stays_lossless_while_training(pair_llama2_qwen):
         if i % 2 == 1:
             learner.update()
     assert learner.n_updates == 4
+
+
+def test_lora_update_trains_only_adapters(pair_llama2_qwen):
+    from omnidraft.online import with_lora
+
+    target, ttok, drafter0, dtok, bridge = pair_llama2_qwen
+    base = aligned_drafter(target, bridge, len(dtok), seed=12, noise=0.2)
+    model = with_lora(base, rank=4, target_modules=["q_proj", "v_proj"])
+    learner = OnlineLearner(model, bridge, lr=1e-2, weight_decay=0.0, batch_size=4)
+    assert learner.params and all(p.ndim == 2 for p in learner.params)
+    frozen = {n: p.clone() for n, p in model.named_parameters() if "lora_" not in n}
+    d = NgramDrafter(model, dtok, bridge, target.config.vocab_size, learner=learner)
+    for text in PROMPTS[:3]:
+        ids = ttok.encode(text)
+        assert generate(target, ids, drafter=d, k=3, max_new_tokens=12).tokens == \
+            generate(target, ids, max_new_tokens=12).tokens
+    batch = list(learner.buffer)
+    with torch.no_grad():
+        before = float(learner.losses(batch)["loss"])
+    learner.update()
+    with torch.no_grad():
+        after = float(learner.losses(batch)["loss"])
+    assert after < before
+    assert all(torch.equal(frozen[n], p) for n, p in model.named_parameters() if "lora_" not in n)
