@@ -28,7 +28,7 @@ def iter_targets(node: Any, path: str = "") -> Iterator[tuple[str, DictConfig]]:
                 yield from iter_targets(v, f"{path}[{i}]")
 
 
-def _import(dotted: str):
+def import_target(dotted: str):
     mod, _, attr = dotted.rpartition(".")
     try:
         return getattr(importlib.import_module(mod), attr)
@@ -62,7 +62,7 @@ def check_targets(cfg: DictConfig, runtime: dict[str, set[str]] | None = None) -
     runtime = runtime or {}
     n = 0
     for path, node in iter_targets(cfg):
-        fn = _import(node["_target_"])
+        fn = import_target(node["_target_"])
         kwargs = {k: None for k in node.keys() if not str(k).startswith("_")}
         sig = inspect.signature(fn)
         kwargs.update({k: None for k in accepted(sig, runtime.get(path, set()))})

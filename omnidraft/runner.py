@@ -81,9 +81,9 @@ def check_config(cfg: DictConfig) -> None:
     if m.adapt.enabled:
         import inspect
 
-        from omnidraft.instantiate import _import
+        from omnidraft.instantiate import import_target
 
-        if "learner" not in inspect.signature(_import(m.drafter["_target_"])).parameters:
+        if "learner" not in inspect.signature(import_target(m.drafter["_target_"])).parameters:
             raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
                                  f"(omnidraft.drafters.NgramDrafter), not {m.drafter['_target_']}")
         if m.temperature > 0:
