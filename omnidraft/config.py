@@ -90,6 +90,7 @@ class AdaptConfig:
     weight_decay: float = 0.01
     batch_size: int = 8
     steps_per_update: int = 1
+    context_grad: bool = False  # back-propagate through the whole context (slow) or only drafts
     lora_rank: Optional[int] = None  # None = full fine-tuning; else LoRA through peft
     lora_alpha: Optional[int] = None  # default 2 * rank
     lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",

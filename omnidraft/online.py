@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omnidraft import kv
 from omnidraft.distill import hybrid_loss, lifted_log_probs, ngram_nll, reverse_kl
 from omnidraft.ngram_cache import Merged
 from omnidraft.vocab import VocabBridge
@@ -59,11 +60,17 @@ class OnlineLearner:
         bridge: the direct map drafter -> target.
         lam: weight of the n-gram NLL term (paper: 0.2); 0 gives ``L_DM`` only.
         loss: 'kl_nll' (reverse KL on DM positions + lam * NLL on n-grams) or 'nll_only'.
+        context_grad: back-propagate through the whole context (exact, ~tokens x slower) or only
+            through the <= k drafted positions, the context's keys/values computed without grad
+            (default; project choice, the paper is silent).
+
+    Trained parameters keep fp32 master copies (the optimiser steps on them, then they are cast
+    back into the model), so small updates survive bf16 weights.
     """
 
     def __init__(self, model, bridge: VocabBridge, *, lam: float = 0.2, loss: str = "kl_nll",
                  lr: float = 1e-4, weight_decay: float = 0.01, batch_size: int = 8,
-                 steps_per_update: int = 1, seed: int = 0):
+                 steps_per_update: int = 1, seed: int = 0, context_grad: bool = False):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
         self.model, self.lam, self.loss_name = model, float(lam), loss
@@ -78,7 +85,9 @@ class OnlineLearner:
         named = list(model.named_parameters())
         lora = [p for n, p in named if "lora_" in n]
         self.params = lora if lora else [p for _, p in named]
-        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.opt = torch.optim.AdamW(self.master, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+        self.context_grad = bool(context_grad)
         self.n_updates = 0
 
     def record(self, ctx: list[int], drafts: list[int], merged: list[Merged],
@@ -102,8 +111,17 @@ class OnlineLearner:
         dm_terms, ng_terms = [], []
         dev = self.model.device
         for ex in examples:
-            ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
-            logits = self.model(input_ids=ids, logits_to_keep=len(ex.drafts)).logits[0].float()
+            if self.context_grad:
+                ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
+                logits = self.model(input_ids=ids, logits_to_keep=len(ex.drafts)).logits[0].float()
+            else:
+                cache = kv.new_cache(self.model)
+                if len(ex.ctx) > 1:
+                    with torch.no_grad():
+                        self.model(input_ids=torch.tensor([ex.ctx[:-1]], device=dev), cache=cache,
+                                   logits_to_keep=1)
+                ids = torch.tensor([ex.ctx[-1:] + ex.drafts[:-1]], device=dev)
+                logits = self.model(input_ids=ids, cache=cache).logits[0].float()
             if ex.dm_pos and self.loss_name == "kl_nll":
                 lq = lifted_log_probs(logits[ex.dm_pos], self.map_ids.to(dev), self.map_cols.to(dev), len(self.cols))
                 dm_terms.append(reverse_kl(lq, ex.dm_logp.to(dev).float()))
@@ -112,6 +130,17 @@ class OnlineLearner:
         cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, device=dev)  # noqa: E731
         lam = 1.0 if self.loss_name == "nll_only" else self.lam
         return hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
+
+    @torch.no_grad()
+    def _step(self) -> None:
+        """fp32 master step: model grads -> master, AdamW, master -> model weights."""
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        for p, m in zip(self.params, self.master):
+            p.copy_(m.to(p.dtype))
 
     def update(self, progress: bool = True) -> dict[str, float]:
         """AdamW steps over the buffer in mini-batches, then clear it. Returns mean losses."""
@@ -133,10 +162,9 @@ class OnlineLearner:
                 for b in range(0, len(order), self.batch_size):
                     bar.update(1)
                     out = self.losses([self.buffer[i] for i in order[b: b + self.batch_size]])
-                    self.opt.zero_grad(set_to_none=True)
                     if out["loss"].requires_grad:
                         out["loss"].backward()
-                        self.opt.step()
+                        self._step()
                     for k, key in (("loss", "adapt/loss"), ("loss_dm", "adapt/loss_dm"), ("loss_ngram", "adapt/loss_ngram")):
                         stats[key] += float(out[k].detach())
                     n += 1
@@ -144,6 +172,7 @@ class OnlineLearner:
             bar.close()
             self.opt.zero_grad(set_to_none=True)
             for p in self.params:
+                p.grad = None
                 p.requires_grad_(False)
             self.model.eval()
             self.buffer.clear()

@@ -121,7 +121,8 @@ class Session:
             self.learner = OnlineLearner(
                 self.draft_lm.model, self.bridge, lam=a.lam, loss=a.loss, lr=a.lr,
                 weight_decay=a.weight_decay, batch_size=a.batch_size,
-                steps_per_update=a.steps_per_update, seed=int(cfg.seed)) if a.enabled else None
+                steps_per_update=a.steps_per_update, seed=int(cfg.seed),
+                context_grad=a.context_grad) if a.enabled else None
             self.drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
                                      bridge=self.bridge, target_vocab_size=v_t,
                                      target_eos=self.target.eos_ids, learner=self.learner)

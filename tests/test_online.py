@@ -75,3 +75,28 @@ def test_lora_update_trains_only_adapters(pair_llama2_qwen):
         after = float(learner.losses(batch)["loss"])
     assert after < before
     assert all(torch.equal(frozen[n], p) for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def test_context_grad_variant_and_master_weights(pair_llama2_qwen):
+    """Both gradient variants lower the loss; the bf16 drafter still moves under a tiny lr
+    because the optimiser steps on fp32 master copies."""
+    target, ttok, drafter0, dtok, bridge = pair_llama2_qwen
+    for context_grad, dtype in ((True, torch.float32), (False, torch.bfloat16)):
+        model = aligned_drafter(target, bridge, len(dtok), seed=13, noise=0.2).to(dtype)
+        lr = 1e-3 if dtype == torch.float32 else 1e-5
+        learner = OnlineLearner(model, bridge, lr=lr, weight_decay=0.0, batch_size=4, context_grad=context_grad)
+        d = NgramDrafter(model, dtok, bridge, target.config.vocab_size, learner=learner)
+        for text in PROMPTS[:3]:
+            generate(target, ttok.encode(text), drafter=d, k=3, max_new_tokens=12)
+        batch = list(learner.buffer)
+        w0 = [p.clone() for p in learner.params]
+        with torch.no_grad():
+            before = float(learner.losses(batch)["loss"])
+        for _ in range(3):
+            learner.buffer = list(batch)
+            learner.update(progress=False)
+        with torch.no_grad():
+            after = float(learner.losses(batch)["loss"])
+        assert after < before, (context_grad, dtype)
+        assert all(m.dtype == torch.float32 for m in learner.master)
+        assert any(not torch.equal(a, b) for a, b in zip(w0, learner.params))
