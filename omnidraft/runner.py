@@ -58,6 +58,17 @@ def portable_config(cfg: DictConfig) -> dict:
     return c
 
 
+def _choices() -> dict[str, str]:
+    """Config group choices of this run (target, drafter, method, ablation, ...), when run by Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return {k: v for k, v in HydraConfig.get().runtime.choices.items()
+                if not k.startswith("hydra") and v is not None}
+    except ValueError:
+        return {}
+
+
 def _overrides(cfg: DictConfig) -> list[str]:
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -245,6 +256,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "max_new_tokens": int(cfg.decode.max_new_tokens),
             "baseline_every": every if measure else None,
             "time/load_s": load_s,
+            "choices": _choices(),
         })
         if sess.bridge is not None:
             summary.update(sess.bridge.stats())

@@ -39,6 +39,7 @@ def test_debug_tiny_writes_run_files(tmp_path):
     assert s["n_prompts"] == 4 and s["lossless/match_rate"] == 1.0
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
     assert s["provenance"]["overrides"] == ["debug=tiny"]
+    assert s["choices"]["debug"] == "tiny" and s["choices"]["target"] == "tiny_qwen2"
 
 
 @pytest.mark.parametrize("args,needles", [
