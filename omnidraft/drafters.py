@@ -198,7 +198,6 @@ class NgramDrafter(DirectMapDrafter):
         self._last = None
         for seq in list(self.ngram._by_seq):
             self._allow(seq)
-        self.hits_last = 0
         self.hits_total = 0
 
     def _allow(self, seq) -> None:
@@ -214,8 +213,7 @@ class NgramDrafter(DirectMapDrafter):
         merged = self.ngram.merge(drafts, self.bridge.to_target)
         if self.learner is not None:
             self._last = (ctx, drafts[: merged[-1].end] if merged else [], merged)
-        self.hits_last = sum(m.is_ngram for m in merged)
-        self.hits_total += self.hits_last
+        self.hits_total += sum(m.is_ngram for m in merged)
         return Proposal([m.target_id for m in merged])
 
     def stats(self) -> dict[str, float]:

@@ -58,9 +58,8 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
     if not rows:
         return s
     tot = lambda k, rs=rows: sum(r.get(k, 0) for r in rs)  # noqa: E731
-    proposed, accepted = tot("sd/proposed"), tot("sd/accepted")
-    steps = tot("sd/steps")
-    s["accept/rate"] = accepted / proposed if proposed else 0.0
+    proposed, steps = tot("sd/proposed"), tot("sd/steps")
+    s["accept/rate"] = _rate(rows)
     s["accept/mean_len"] = tot("sd/new_tokens") / steps if steps else 0.0
     s["accept/proposed_per_step"] = proposed / steps if steps else 0.0
     s["speed/sd_tok_per_s_all"] = tot("sd/new_tokens") / tot("sd/wall_s")
