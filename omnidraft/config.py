@@ -63,6 +63,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     max_context: Optional[int] = None  # defaults to the model's max_position_embeddings
     chat_template: bool = True  # apply the tokenizer's chat template when it has one
+    init_state: Optional[str] = None  # drafter only: start from the weights of a saved online state
 
 
 @dataclass
@@ -85,12 +86,13 @@ class AdaptConfig:
     enabled: bool = False
     interval: int = 8  # update every N prompts, then clear the buffer
     lam: float = 0.2  # weight of the n-gram NLL term; 0 = L_DM only
-    loss: str = "kl_nll"  # kl_nll | nll_only
+    loss: str = "kl_nll"  # kl_nll | nll_only | nll_nll | kl_kl
     lr: float = 1e-4
     weight_decay: float = 0.01
     batch_size: int = 8
     steps_per_update: int = 1
     context_grad: bool = False  # back-propagate through the whole context (slow) or only drafts
+    train_dtype: str = "float32"  # dtype of the training copy / master weights: float32 | bfloat16 | float16
     lora_rank: Optional[int] = None  # None = full fine-tuning; else LoRA through peft
     lora_alpha: Optional[int] = None  # default 2 * rank
     lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
@@ -99,9 +101,10 @@ class AdaptConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = MISSING  # ar | sd | spd_dm
+    name: str = MISSING  # ar | sd | spd_dm | omnidraft
     k: int = 5
     temperature: float = 0.0  # 0 = greedy (lossless: output identical to ar)
+    verify: str = "lossless"  # lossless | paper (OmniDraft's approximate q' rule with the n-gram cache)
     drafter: Optional[Dict[str, Any]] = None  # _target_ + kwargs, _partial_: true
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
 
@@ -135,9 +138,17 @@ class Config:
     progress: bool = True
     metrics_window: int = 50  # prompts in accept/rate_first_window and _last_window
     overrides: List[str] = field(default_factory=list)  # filled by the CLI for provenance
+    resume: bool = False  # continue the stream from run_dir/state (or state_dir)
+    checkpoint_every: int = 10  # save the online state every N prompts (and at the end); 0 = end only
+    state_dir: Optional[str] = None  # default: <run_dir>/state
+    ngram_reference_size: int = 512  # unbounded cache size the evict_* ablations take fractions of
 
 
 def register_configs() -> None:
     """Register the schema; called by the CLI and tests, never at import time."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("frac"):
+        OmegaConf.register_new_resolver("frac", lambda n, f: max(1, int(int(n) * float(f))))
     cs = ConfigStore.instance()
     cs.store(name="omnidraft_schema", node=Config)

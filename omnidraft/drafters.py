@@ -12,6 +12,7 @@ Both keep their own KV cache and crop it to the longest common prefix with the n
 from __future__ import annotations
 
 import codecs
+from contextlib import contextmanager
 
 import torch
 
@@ -185,40 +186,100 @@ class NgramDrafter(DirectMapDrafter):
     accepted target text is re-tokenised in context (the sync of DirectMapDrafter) and every target
     token spelled by >= 2 drafter tokens is added to the cache.
 
-    Greedy verification stays lossless: the target checks every merged proposal.
+    Verification (``verify``):
+      - ``lossless``: greedy only; the target checks every merged proposal by argmax, so the
+        output equals plain target decoding.
+      - ``paper``: OmniDraft's sampling rule. q'(t) of an n-gram token is the PRODUCT of its
+        sub-tokens' conditionals; q' at that position is the lifted first-position distribution
+        with the product put on the n-gram token and taken off its first sub-token's image
+        (q(d1) - product). Accept with min(1, p/q'), resample from norm(max(0, p - q')). This is
+        approximate: NOT lossless under sampling. At temperature 0 both modes are the argmax test.
     """
 
     def __init__(self, model, tokenizer, bridge: VocabBridge, target_vocab_size: int,
                  target_eos: set[int] = frozenset(), sync_lookbehind: int = 2,
-                 ngram: NgramCache | None = None, learn: bool = True, learner=None):
+                 ngram: NgramCache | None = None, learn: bool = True, learner=None,
+                 verify: str = "lossless", capacity: int | None = None, eviction: str = "lru"):
         super().__init__(model, tokenizer, bridge, target_vocab_size, target_eos, sync_lookbehind)
-        self.ngram = ngram if ngram is not None else NgramCache()
+        if verify not in ("lossless", "paper"):
+            raise OmniDraftError(f"verify={verify!r}: use 'lossless' (greedy, exact) or 'paper' (OmniDraft's q' rule)")
+        self.ngram = ngram if ngram is not None else NgramCache(capacity=capacity, eviction=eviction)
         self.learn = learn
         self.learner = learner  # an omnidraft.online.OnlineLearner, or None for a frozen drafter
+        self.verify = verify
         self._last = None
-        for seq in list(self.ngram._by_seq):
-            self._allow(seq)
+        self._base_mask = self._mask_add.clone()
         self.hits_total = 0
+        self._refresh_mask()
 
     def _allow(self, seq) -> None:
         idx = torch.tensor([d for d in seq if d < self._mask_add.numel()], dtype=torch.long)
         if idx.numel():
             self._mask_add[idx.to(self._mask_add.device)] = 0.0
 
+    def _refresh_mask(self) -> None:
+        """Allowed drafter tokens: directly mapped ones + sub-tokens of current cache entries."""
+        self._mask_add.copy_(self._base_mask)
+        for seq in list(self.ngram._by_seq):
+            self._allow(seq)
+
+    def start(self, prompt_ids: list[int]) -> None:
+        super().start(prompt_ids)
+        if self.learner is not None:
+            self.learner.begin_sequence()
+
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
-        if temperature > 0:
-            raise OmniDraftError("sampling with the n-gram cache is not implemented yet (needs the paper's q' rule); use method.temperature=0")
+        if temperature > 0 and self.verify == "lossless":
+            raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
+                                 "(OmniDraft's approximate q') or method.temperature=0")
         ctx = list(self.ids) if self.learner is not None else None
-        drafts, _ = self._draft(k, temperature, generator)
+        drafts, qs = self._draft(k, temperature, generator)
         merged = self.ngram.merge(drafts, self.bridge.to_target)
+        self.last_drafts, self.last_merged = drafts, merged  # for inspection
         if self.learner is not None:
             self._last = (ctx, drafts[: merged[-1].end] if merged else [], merged)
         self.hits_total += sum(m.is_ngram for m in merged)
-        return Proposal([m.target_id for m in merged])
+        q = torch.stack([self._q_prime(m, drafts, qs) for m in merged]) if qs and merged else None
+        return Proposal([m.target_id for m in merged], q)
+
+    def _q_prime(self, m, drafts: list[int], qs: list[torch.Tensor]) -> torch.Tensor:
+        """The paper's q' for one merged proposal, in target space."""
+        row = self._lift(qs[m.start])
+        if not m.is_ngram:
+            return row
+        prod = 1.0
+        for j in range(m.start, m.end):
+            prod *= float(qs[j][drafts[j]])
+        row[m.target_id] += prod  # the product rule (added to any directly mapped mass of t)
+        first = self.bridge.to_target(drafts[m.start])
+        if first >= 0:
+            row[first] = (row[first] - prod).clamp_min(0.0)
+        return row
 
     def stats(self) -> dict[str, float]:
         """Cumulative statistics over the stream (the runner logs per-prompt differences)."""
         return {**self.ngram.stats(), "ngram/proposed_hits": self.hits_total}
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"ngram": self.ngram.state_dict(), "hits_total": self.hits_total}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.ngram = NgramCache.from_state_dict(d["ngram"])
+        self.hits_total = int(d.get("hits_total", 0))
+        self._refresh_mask()
+
+    @contextmanager
+    def paused(self):
+        """Draft without learning or touching the stream's cache and counters (warm-up)."""
+        saved = (self.learner, self.learn, self.ngram, self.hits_total, self._mask_add.clone())
+        self.learner, self.learn = None, False
+        self.ngram = NgramCache.from_state_dict(self.ngram.state_dict())
+        try:
+            yield self
+        finally:
+            self.learner, self.learn, self.ngram, self.hits_total, mask = saved
+            self._mask_add.copy_(mask)
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
         if self.learner is not None and target_logits is not None and self._last is not None:
@@ -234,6 +295,11 @@ class NgramDrafter(DirectMapDrafter):
         tail = len(self.retok.spelled(seg)) - len(self.bridge.target_text_bytes(new_ids))
         if tail < 0:
             return
+        evicted = False
         for t, seq in alignments(new_ids, self.bridge.target_bytes, seg, self.bridge.draft_bytes, tail):
+            n_before = len(self.ngram)
             if self.ngram.add(t, seq):
                 self._allow(seq)
+                evicted |= len(self.ngram) == n_before
+        if evicted:
+            self._refresh_mask()  # an evicted entry's sub-tokens may no longer be allowed

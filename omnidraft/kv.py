@@ -34,3 +34,10 @@ def forward(model, ids: list[int], cache: DynamicCache, keep: int = 0) -> torch.
     """
     x = torch.tensor([ids], dtype=torch.long, device=model.device)
     return model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=keep).logits[0]
+
+
+def prefix_copy(cache: DynamicCache, n: int, model) -> DynamicCache:
+    """A new cache holding the first ``n`` positions of ``cache`` (``cache`` is left untouched:
+    later updates of the copy concatenate into new tensors)."""
+    data = [(layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in cache.layers]
+    return DynamicCache(ddp_cache_data=data, config=model.config)

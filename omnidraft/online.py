@@ -4,12 +4,18 @@ Data is on-policy: each speculative step records the drafter's context, its draf
 the target's distributions at the proposed positions, taken from the verification pass already
 computed (no extra target forward). Every ``interval`` prompts the runner calls :meth:`update`,
 which runs AdamW on the buffer and clears it (no replay). The target is never touched.
+
+Training runs on a copy of the drafter in ``train_dtype`` (fp32 by default) whose trainable
+parameters are the optimiser's master weights; after each optimiser step they are cast back into
+the inference drafter. Mini-batches are runs of up to ``batch_size`` consecutive steps of one
+prompt (their order shuffled), so each batch computes its shared context once.
 """
 
 from __future__ import annotations
 
+import copy
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -18,7 +24,8 @@ from omnidraft.distill import hybrid_loss, lifted_log_probs, ngram_nll, reverse_
 from omnidraft.ngram_cache import Merged
 from omnidraft.vocab import VocabBridge
 
-LOSSES = ("kl_nll", "nll_only")
+LOSSES = ("kl_nll", "nll_only", "nll_nll", "kl_kl")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -26,18 +33,27 @@ class Example:
     """One speculative step, as training data.
 
     Attributes:
+        seq: which generation (prompt) of the buffer it comes from.
         ctx: drafter context before drafting.
         drafts: drafter tokens behind the merged proposals.
         dm_pos: draft positions whose proposal is a directly mapped token.
         dm_logp: (len(dm_pos), C) target log-probabilities over the reachable target tokens.
-        ng_pos: draft positions of sub-tokens of n-grams the target accepted.
+        dm_top: per DM position, the column of the target's argmax, or -1 if the drafter cannot
+            reach it (used by the ``nll_nll`` loss).
+        ngrams: (start, end, target log-prob of the n-gram's token) of n-grams the target accepted.
     """
 
+    seq: int
     ctx: list[int]
     drafts: list[int]
     dm_pos: list[int]
     dm_logp: torch.Tensor
-    ng_pos: list[int]
+    dm_top: list[int] = field(default_factory=list)
+    ngrams: list[tuple[int, int, float]] = field(default_factory=list)
+
+    @property
+    def ng_pos(self) -> list[int]:
+        return [j for s, e, _ in self.ngrams for j in range(s, e)]
 
 
 def with_lora(model, rank: int, alpha: int | None = None, target_modules: list[str] | None = None):
@@ -52,27 +68,39 @@ def with_lora(model, rank: int, alpha: int | None = None, target_modules: list[s
     return wrapped.eval()
 
 
+def _bernoulli_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """KL(Bern(q) || Bern(p)) from log-probabilities (the ``kl_kl`` loss's n-gram term)."""
+    log_q, log_p = log_q.clamp(max=-1e-6), log_p.clamp(max=-1e-6)
+    q = log_q.exp()
+    return q * (log_q - log_p) + (1 - q) * (torch.log1p(-q) - torch.log1p(-log_p.exp()))
+
+
 class OnlineLearner:
     """Buffer + optimiser for the drafter.
 
     Args:
-        model: the drafter LM (its weights are trained in place; inference mode restored after).
+        model: the inference drafter; its trainable weights are overwritten after each step.
         bridge: the direct map drafter -> target.
-        lam: weight of the n-gram NLL term (paper: 0.2); 0 gives ``L_DM`` only.
-        loss: 'kl_nll' (reverse KL on DM positions + lam * NLL on n-grams) or 'nll_only'.
+        lam: weight of the n-gram term (paper: 0.2); 0 gives ``L_DM`` only.
+        loss: 'kl_nll' (paper's main: reverse KL on DM positions + lam * NLL on n-gram
+            sub-tokens), 'nll_only' (n-gram NLL only), 'nll_nll' (NLL of the target's argmax at
+            DM positions + lam * n-gram NLL), 'kl_kl' (reverse KL on DM + lam * approximate KL on
+            n-grams: the Bernoulli KL between the drafter's product probability of the accepted
+            n-gram token and the target's probability of it).
         context_grad: back-propagate through the whole context (exact, ~tokens x slower) or only
             through the <= k drafted positions, the context's keys/values computed without grad
             (default; project choice, the paper is silent).
-
-    Trained parameters keep fp32 master copies (the optimiser steps on them, then they are cast
-    back into the model), so small updates survive bf16 weights.
+        train_dtype: dtype of the training copy and master weights ('float32' default).
     """
 
     def __init__(self, model, bridge: VocabBridge, *, lam: float = 0.2, loss: str = "kl_nll",
                  lr: float = 1e-4, weight_decay: float = 0.01, batch_size: int = 8,
-                 steps_per_update: int = 1, seed: int = 0, context_grad: bool = False):
+                 steps_per_update: int = 1, seed: int = 0, context_grad: bool = False,
+                 train_dtype: str = "float32"):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if train_dtype not in DTYPES:
+            raise ValueError(f"train_dtype must be one of {tuple(DTYPES)}, got {train_dtype!r}")
         self.model, self.lam, self.loss_name = model, float(lam), loss
         self.batch_size, self.steps_per_update = int(batch_size), int(steps_per_update)
         self.map_ids = torch.nonzero(bridge.draft_mask).squeeze(1)
@@ -82,63 +110,120 @@ class OnlineLearner:
         self.buffer: list[Example] = []
         self.rng = random.Random(seed)
         # With LoRA (peft) only the adapter weights train; otherwise the whole drafter.
-        named = list(model.named_parameters())
-        lora = [p for n, p in named if "lora_" in n]
-        self.params = lora if lora else [p for _, p in named]
-        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        named = dict(model.named_parameters())
+        lora = [n for n in named if "lora_" in n]
+        self.names = lora if lora else list(named)
+        self.params = [named[n] for n in self.names]
+        self.train_model = copy.deepcopy(model).to(DTYPES[train_dtype])
+        self.train_model.eval()
+        t_named = dict(self.train_model.named_parameters())
+        for p in t_named.values():
+            p.requires_grad_(False)
+        self.master = [t_named[n] for n in self.names]
         self.opt = torch.optim.AdamW(self.master, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
         self.context_grad = bool(context_grad)
         self.n_updates = 0
+        self._seq = 0
+
+    def begin_sequence(self) -> None:
+        """Called when the drafter starts a new prompt: later records share no context with earlier ones."""
+        self._seq += 1
 
     def record(self, ctx: list[int], drafts: list[int], merged: list[Merged],
                target_logits: torch.Tensor, n_accepted: int) -> None:
         """Store one step. ``target_logits`` row i is the target's distribution for proposal i."""
         if not merged:
             return
-        dm_rows, dm_pos, ng_pos = [], [], []
+        dm_rows, dm_pos, ngrams = [], [], []
+        logp_all = torch.log_softmax(target_logits[: len(merged)].float(), -1)
         for i, m in enumerate(merged):
             if m.is_ngram:
                 if i < n_accepted:
-                    ng_pos.extend(range(m.start, m.end))
+                    ngrams.append((m.start, m.end, float(logp_all[i, m.target_id])))
             else:
                 dm_rows.append(i)
                 dm_pos.append(m.start)
-        logp = torch.log_softmax(target_logits[dm_rows].float(), -1)[:, self.cols.to(target_logits.device)]
-        self.buffer.append(Example(ctx, drafts, dm_pos, logp.to(torch.float16).cpu(), ng_pos))
+        cols = self.cols.to(target_logits.device)
+        logp = logp_all[dm_rows][:, cols]
+        top = logp_all[dm_rows].argmax(-1)
+        col = torch.searchsorted(cols, top).clamp(max=len(cols) - 1)
+        dm_top = torch.where(cols[col] == top, col, -1).tolist()
+        self.buffer.append(Example(self._seq, list(ctx), list(drafts), dm_pos,
+                                   logp.to(torch.float16).cpu(), dm_top, ngrams))
+
+    # -- loss ------------------------------------------------------------------------------
+    def _draft_logits(self, examples: list[Example]) -> list[torch.Tensor]:
+        """Training-model logits at each example's drafted positions (grad w.r.t. the drafts
+        only, unless context_grad). Examples of one sequence share one no-grad context pass."""
+        m, dev = self.train_model, self.train_model.device
+        out: list[torch.Tensor | None] = [None] * len(examples)
+        if self.context_grad:
+            for i, ex in enumerate(examples):
+                ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
+                out[i] = m(input_ids=ids, logits_to_keep=len(ex.drafts)).logits[0].float()
+            return out
+        groups: dict[int, list[int]] = {}
+        for i, ex in enumerate(examples):
+            groups.setdefault(ex.seq, []).append(i)
+        for idx in groups.values():
+            base = max((examples[i].ctx for i in idx), key=len)
+            cache = kv.new_cache(m)
+            if len(base) > 1:
+                with torch.no_grad():
+                    m(input_ids=torch.tensor([base[:-1]], device=dev), cache=cache, logits_to_keep=1)
+            for i in idx:
+                ex = examples[i]
+                n = 0
+                lim = min(len(ex.ctx) - 1, len(base) - 1)
+                while n < lim and ex.ctx[n] == base[n]:
+                    n += 1
+                c = kv.prefix_copy(cache, n, m) if len(base) > 1 else kv.new_cache(m)
+                ids = torch.tensor([ex.ctx[n:] + ex.drafts[:-1]], device=dev)
+                out[i] = m(input_ids=ids, cache=c, logits_to_keep=len(ex.drafts)).logits[0].float()
+        return out
 
     def losses(self, examples: list[Example]) -> dict[str, torch.Tensor]:
-        """Hybrid loss over examples (differentiable w.r.t. the drafter)."""
+        """Hybrid loss over examples (differentiable w.r.t. the training copy's master weights)."""
         dm_terms, ng_terms = [], []
-        dev = self.model.device
-        for ex in examples:
-            if self.context_grad:
-                ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
-                logits = self.model(input_ids=ids, logits_to_keep=len(ex.drafts)).logits[0].float()
-            else:
-                cache = kv.new_cache(self.model)
-                if len(ex.ctx) > 1:
-                    with torch.no_grad():
-                        self.model(input_ids=torch.tensor([ex.ctx[:-1]], device=dev), cache=cache,
-                                   logits_to_keep=1)
-                ids = torch.tensor([ex.ctx[-1:] + ex.drafts[:-1]], device=dev)
-                logits = self.model(input_ids=ids, cache=cache).logits[0].float()
-            if ex.dm_pos and self.loss_name == "kl_nll":
-                lq = lifted_log_probs(logits[ex.dm_pos], self.map_ids.to(dev), self.map_cols.to(dev), len(self.cols))
-                dm_terms.append(reverse_kl(lq, ex.dm_logp.to(dev).float()))
-            if ex.ng_pos:
-                ng_terms.append(ngram_nll(logits[ex.ng_pos], torch.tensor([ex.drafts[j] for j in ex.ng_pos], device=dev)))
+        dev = self.train_model.device
+        map_ids, map_cols = self.map_ids.to(dev), self.map_cols.to(dev)
+        for ex, logits in zip(examples, self._draft_logits(examples)):
+            if ex.dm_pos and self.loss_name != "nll_only":
+                lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
+                if self.loss_name == "nll_nll":
+                    rows = [r for r, c in enumerate(ex.dm_top) if c >= 0]
+                    if rows:
+                        dm_terms.append(-lq[rows, torch.tensor([ex.dm_top[r] for r in rows], device=dev)])
+                else:
+                    dm_terms.append(reverse_kl(lq, ex.dm_logp.to(dev).float()))
+            if ex.ngrams:
+                sub = torch.tensor([ex.drafts[j] for j in ex.ng_pos], device=dev)
+                nll = ngram_nll(logits[ex.ng_pos], sub)
+                if self.loss_name == "kl_kl":
+                    sizes = [e - s for s, e, _ in ex.ngrams]
+                    log_q = -torch.stack([x.sum() for x in torch.split(nll, sizes)])
+                    log_p = torch.tensor([lp for _, _, lp in ex.ngrams], device=dev)
+                    ng_terms.append(_bernoulli_kl(log_q, log_p))
+                else:
+                    ng_terms.append(nll)
         cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, device=dev)  # noqa: E731
         lam = 1.0 if self.loss_name == "nll_only" else self.lam
         return hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
 
+    # -- update ----------------------------------------------------------------------------
+    def _batches(self) -> list[list[int]]:
+        """Runs of <= batch_size consecutive examples of one sequence, in shuffled order."""
+        out: list[list[int]] = []
+        for i, ex in enumerate(self.buffer):
+            if out and len(out[-1]) < self.batch_size and self.buffer[out[-1][-1]].seq == ex.seq:
+                out[-1].append(i)
+            else:
+                out.append([i])
+        self.rng.shuffle(out)
+        return out
+
     @torch.no_grad()
-    def _step(self) -> None:
-        """fp32 master step: model grads -> master, AdamW, master -> model weights."""
-        for p, m in zip(self.params, self.master):
-            m.grad = None if p.grad is None else p.grad.float()
-            p.grad = None
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+    def _sync_weights(self) -> None:
         for p, m in zip(self.params, self.master):
             p.copy_(m.to(p.dtype))
 
@@ -148,34 +233,80 @@ class OnlineLearner:
 
         if not self.buffer:
             return {}
-        self.model.train()
-        for p in self.params:
+        self.train_model.train()
+        for p in self.master:
             p.requires_grad_(True)
         stats = {"adapt/loss": 0.0, "adapt/loss_dm": 0.0, "adapt/loss_ngram": 0.0}
         n, n_examples = 0, len(self.buffer)
-        n_batches = self.steps_per_update * -(-n_examples // self.batch_size)
-        bar = tqdm(total=n_batches, desc="adapt", unit="batch", leave=False, disable=not progress)
+        plan = [self._batches() for _ in range(self.steps_per_update)]
+        bar = tqdm(total=sum(map(len, plan)), desc="adapt", unit="batch", leave=False, disable=not progress)
         try:
-            for _ in range(self.steps_per_update):
-                order = list(range(len(self.buffer)))
-                self.rng.shuffle(order)
-                for b in range(0, len(order), self.batch_size):
+            for batches in plan:
+                for b in batches:
                     bar.update(1)
-                    out = self.losses([self.buffer[i] for i in order[b: b + self.batch_size]])
+                    out = self.losses([self.buffer[i] for i in b])
                     if out["loss"].requires_grad:
                         out["loss"].backward()
-                        self._step()
+                        self.opt.step()
+                        self.opt.zero_grad(set_to_none=True)
                     for k, key in (("loss", "adapt/loss"), ("loss_dm", "adapt/loss_dm"), ("loss_ngram", "adapt/loss_ngram")):
                         stats[key] += float(out[k].detach())
                     n += 1
         finally:
             bar.close()
             self.opt.zero_grad(set_to_none=True)
-            for p in self.params:
-                p.grad = None
+            for p in self.master:
                 p.requires_grad_(False)
-            self.model.eval()
+            self.train_model.eval()
+            self._sync_weights()
             self.buffer.clear()
         self.n_updates += 1
         return {k: v / max(1, n) for k, v in stats.items()} | {"adapt/n_examples": n_examples,
                                                                 "adapt/n_batches": n}
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """(tensors for safetensors, JSON-able metadata): master weights by parameter name,
+        AdamW state, the unflushed buffer, RNG state and counters."""
+        tensors = {f"param.{n}": m.detach().contiguous() for n, m in zip(self.names, self.master)}
+        osd = self.opt.state_dict()
+        opt_keys = {}
+        for i, st in osd["state"].items():
+            opt_keys[str(i)] = {}
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    tensors[f"opt.{i}.{k}"] = v.contiguous()
+                    opt_keys[str(i)][k] = "tensor"
+                else:
+                    opt_keys[str(i)][k] = v
+        for j, ex in enumerate(self.buffer):
+            tensors[f"buffer.{j}.dm_logp"] = ex.dm_logp.contiguous()
+        buf = [{k: v for k, v in asdict(ex).items() if k != "dm_logp"} for ex in self.buffer]
+        ver, st, gauss = self.rng.getstate()
+        meta = {"names": self.names, "param_groups": osd["param_groups"], "opt_state": opt_keys,
+                "rng": [ver, list(st), gauss], "n_updates": self.n_updates, "seq": self._seq,
+                "buffer": buf, "lora": any("lora_" in n for n in self.names)}
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict, weights_only: bool = False) -> None:
+        """Restore :meth:`state_dict`. ``weights_only``: the weights, not the optimiser/buffer/RNG
+        (a drafter adapted on one stream starting another)."""
+        missing = [n for n in self.names if f"param.{n}" not in tensors]
+        if missing:
+            raise ValueError(f"saved state lacks {len(missing)} trainable parameter(s) of this drafter, "
+                             f"e.g. {missing[0]!r} (LoRA state into a full fine-tune, or another model?)")
+        with torch.no_grad():
+            for n, m in zip(self.names, self.master):
+                m.copy_(tensors[f"param.{n}"].to(m.dtype))
+        self._sync_weights()
+        if weights_only:
+            return
+        state = {}
+        for i, keys in meta["opt_state"].items():
+            state[int(i)] = {k: (tensors[f"opt.{i}.{k}"] if v == "tensor" else v) for k, v in keys.items()}
+        self.opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        ver, st, gauss = meta["rng"]
+        self.rng.setstate((ver, tuple(st), gauss))
+        self.n_updates, self._seq = int(meta["n_updates"]), int(meta["seq"])
+        self.buffer = [Example(**{**b, "ngrams": [tuple(x) for x in b["ngrams"]]},
+                               dm_logp=tensors[f"buffer.{j}.dm_logp"]) for j, b in enumerate(meta["buffer"])]

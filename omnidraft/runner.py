@@ -7,6 +7,7 @@ which goes first so machine drift hits both equally.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from omnidraft import provenance
+from omnidraft import state as state_io
 from omnidraft.decode import generate
 from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with, check_targets
@@ -31,7 +33,7 @@ from omnidraft.vocab import build_bridge, tokenizer_hash
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
 RUNTIME_ARGS = {
-    "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos", "learner"},
+    "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos", "learner", "verify"},
 }
 LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
 
@@ -97,8 +99,18 @@ def check_config(cfg: DictConfig) -> None:
         if "learner" not in inspect.signature(import_target(m.drafter["_target_"])).parameters:
             raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
                                  f"(omnidraft.drafters.NgramDrafter), not {m.drafter['_target_']}")
-        if m.temperature > 0:
-            raise OmniDraftError("online adaptation is implemented for greedy decoding only; set method.temperature=0")
+    if m.verify not in ("lossless", "paper"):
+        raise OmniDraftError(f"method.verify={m.verify!r}: use lossless (greedy, exact) or paper (OmniDraft's q' rule)")
+    if m.name != "ar" and m.temperature > 0 and m.verify == "lossless":
+        import inspect
+
+        from omnidraft.instantiate import import_target
+
+        if "verify" in inspect.signature(import_target(m.drafter["_target_"])).parameters:
+            raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
+                                 "(OmniDraft's approximate q', not lossless) or method.temperature=0")
+    if cfg.resume and cfg.drafter is not None and cfg.drafter.init_state:
+        raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
     if m.k < 1:
         raise OmniDraftError(f"method.k={m.k} must be >= 1")
     if cfg.decode.max_new_tokens < 1:
@@ -116,6 +128,7 @@ class Session:
         self.drafter = None
         self.bridge = None
         self.learner = None
+        self.lora = None
         if cfg.method.name != "ar":
             self.draft_lm = load_model(_plain(cfg.drafter), cache)
             if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
@@ -126,17 +139,27 @@ class Session:
             factory = instantiate(cfg.method.drafter)
             v_t = self.target.model.get_output_embeddings().weight.shape[0]
             a = cfg.method.adapt
-            if a.enabled and a.lora_rank:
-                self.draft_lm.model = with_lora(self.draft_lm.model, a.lora_rank, a.lora_alpha,
-                                                list(a.lora_target_modules))
+            init = state_io.load(cfg.drafter.init_state) if cfg.drafter.init_state else None
+            lora = (a.lora_rank, a.lora_alpha, list(a.lora_target_modules)) if a.enabled and a.lora_rank else None
+            if init is not None and init.meta.get("lora") and lora is None:
+                lora = tuple(init.meta["lora"])  # serve an adapted LoRA drafter with its adapters
+            if lora is not None:
+                self.draft_lm.model = with_lora(self.draft_lm.model, *lora)
+            self.lora = list(lora) if lora else None
             self.learner = OnlineLearner(
                 self.draft_lm.model, self.bridge, lam=a.lam, loss=a.loss, lr=a.lr,
                 weight_decay=a.weight_decay, batch_size=a.batch_size,
                 steps_per_update=a.steps_per_update, seed=int(cfg.seed),
-                context_grad=a.context_grad) if a.enabled else None
+                context_grad=a.context_grad, train_dtype=a.train_dtype) if a.enabled else None
+            if init is not None:
+                if self.learner is not None:
+                    self.learner.load_state_dict(init.tensors, init.meta.get("learner") or {}, weights_only=True)
+                else:
+                    state_io.load_weights(self.draft_lm.model, init.tensors)
             self.drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
                                      bridge=self.bridge, target_vocab_size=v_t,
-                                     target_eos=self.target.eos_ids, learner=self.learner)
+                                     target_eos=self.target.eos_ids, learner=self.learner,
+                                     verify=cfg.method.verify)
 
     def prompt_ids(self, text: str) -> list[int]:
         c = self.cfg
@@ -151,6 +174,28 @@ class Session:
         return generate(self.target.model, prompt_ids, drafter=None if baseline else self.drafter,
                         k=m.k, max_new_tokens=max_new_tokens or self.cfg.decode.max_new_tokens,
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
+
+    def paused(self):
+        """Warm-up context: the drafter neither learns nor touches the stream's cache."""
+        p = getattr(self.drafter, "paused", None)
+        return p() if callable(p) else contextlib.nullcontext()
+
+    def state(self, next_index: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> state_io.SavedState:
+        """The online state after ``next_index`` prompts."""
+        tensors: dict[str, torch.Tensor] = {}
+        meta = {**meta, "next_index": next_index, "lora": self.lora if self.draft_lm is not None else None}
+        if self.learner is not None:
+            tensors, meta["learner"] = self.learner.state_dict()
+        sd = getattr(self.drafter, "state_dict", None)
+        if callable(sd):
+            meta["drafter"] = sd()
+        return state_io.SavedState(meta, tensors, rows)
+
+    def restore(self, st: state_io.SavedState) -> None:
+        if self.learner is not None:
+            self.learner.load_state_dict(st.tensors, st.meta["learner"])
+        if "drafter" in st.meta:
+            self.drafter.load_state_dict(st.meta["drafter"])
 
     def drafter_stats(self) -> dict[str, float]:
         stats = getattr(self.drafter, "stats", None)
@@ -179,11 +224,45 @@ def sliding_window(config) -> int | None:
     return None
 
 
+# Config keys that may change when a stream is resumed (everything else must match the state).
+_RESUME_FREE = {"resume", "progress", "threads", "run_dir", "logger", "paths", "overrides",
+                "checkpoint_every", "state_dir"}
+
+
+def fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    return {k: v for k, v in c.items() if k not in _RESUME_FREE}
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> str | None:
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            d = _diff(x, y, f"{prefix}{k}.")
+            if d:
+                return d
+        elif x != y:
+            return f"{prefix}{k}: saved {x!r}, now {y!r}"
+    return None
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Run one experiment; returns the summary (also written to ``run_dir/summary.json``)."""
+    """Run one experiment; returns the summary (also written to ``run_dir/summary.json``).
+
+    With ``checkpoint_every`` the online state (weights, optimiser, n-gram cache, rows, stream
+    position) is saved atomically every N prompts and at the end; ``resume=true`` continues from it.
+    """
     check_config(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = Path(cfg.state_dir) if cfg.state_dir else run_dir / "state"
+    saved = None
+    if cfg.resume:
+        saved = state_io.load(state_dir)
+        d = _diff(saved.meta["fingerprint"], fingerprint(cfg))
+        if d:
+            raise OmniDraftError(f"cannot resume from {state_dir}: the config differs ({d}); "
+                                 "resume with the run's original overrides, or start a new run_dir")
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     overrides = _overrides(cfg)
@@ -195,6 +274,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     records = load_stream(_plain(cfg.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed))
     load_s = time.perf_counter() - t_load
 
+    rows: list[dict[str, Any]] = []
+    start = 0
+    segments = [{"start": 0, "git_hash": prov.get("git_hash"), "git_dirty": prov.get("git_dirty")}]
+    if saved is not None:
+        sess.restore(saved)
+        rows, start = list(saved.rows), int(saved.meta["next_index"])
+        segments = saved.meta.get("segments", []) + [{**segments[0], "start": start}]
+        with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:  # drop rows past the checkpoint
+            for r in rows:
+                f.write(json.dumps({"step": r["prompt/index"], **r}, default=str) + "\n")
+    elif (run_dir / "metrics.jsonl").exists():
+        (run_dir / "metrics.jsonl").unlink()  # a fresh run in an old directory starts a fresh log
+    prov["segments"] = segments
+
     sinks = [JSONLLogger(run_dir / "metrics.jsonl")]
     for name, node in (cfg.logger or {}).items():
         make = instantiate(node, _partial_=True)  # runtime args passed as plain objects, not configs
@@ -204,7 +297,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     greedy = cfg.method.temperature <= 0
     measure = cfg.method.name != "ar" and cfg.measure_baseline
     every = max(1, int(cfg.baseline_every))
-    rows: list[dict[str, Any]] = []
+    ckpt = int(cfg.checkpoint_every)
+    meta = {"fingerprint": fingerprint(cfg), "segments": segments,
+            "tokenizers": {"target": tokenizer_hash(sess.target.tokenizer),
+                           "drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
     summary: dict[str, Any] = {}
     status = "ok"
     try:
@@ -213,13 +309,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             ids = sess.prompt_ids(r.turns[0])
             sess.check_context(r.id, len(ids))
             prompts.append((r, ids))
-        for r, ids in prompts[: int(cfg.warmup_prompts)]:  # warm-up, not logged
-            sess.generate(ids, max_new_tokens=16)
-            if measure:
-                sess.generate(ids, baseline=True, max_new_tokens=16)
-        bar = tqdm(prompts, desc=f"{cfg.method.name} {cfg.task.name}", unit="prompt",
-                   disable=not cfg.progress, dynamic_ncols=True)
-        for i, (r, ids) in enumerate(bar):
+        with sess.paused():
+            for r, ids in prompts[: int(cfg.warmup_prompts)]:  # warm-up, not logged, learns nothing
+                sess.generate(ids, max_new_tokens=16)
+                if measure:
+                    sess.generate(ids, baseline=True, max_new_tokens=16)
+        bar = tqdm(total=len(prompts), initial=start, desc=f"{cfg.method.name} {cfg.task.name}",
+                   unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
+        for i in range(start, len(prompts)):
+            r, ids = prompts[i]
             seed = int(cfg.seed) * 1_000_003 + i
             with_ar = measure and i % every == 0
             ar = None
@@ -238,11 +336,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 row["adapt/update_s"] = time.perf_counter() - t_up
             rows.append(row)
             log.log(row, step=i)
+            if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(prompts):
+                state_io.save(state_dir, sess.state(i + 1, rows, meta))
+            bar.update(1)
             summary = summarise(rows, greedy, int(cfg.metrics_window))
             post = {"acc": f"{summary['accept/rate']:.2f}", "len": f"{summary['accept/mean_len']:.2f}"}
             if "speed/speedup" in summary:
                 post["speedup"] = f"{summary['speed/speedup']:.2f}x"
             bar.set_postfix(post)
+        bar.close()
     except BaseException as e:  # keep what was computed, then re-raise
         status = f"failed: {type(e).__name__}: {e}"
         raise
@@ -253,9 +355,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "method": cfg.method.name, "target": cfg.target.name,
             "drafter": sess.draft_lm.name if sess.draft_lm is not None else None,
             "task": cfg.task.name, "k": int(cfg.method.k), "temperature": float(cfg.method.temperature),
+            "verify": cfg.method.verify,
             "max_new_tokens": int(cfg.decode.max_new_tokens),
             "baseline_every": every if measure else None,
             "time/load_s": load_s,
+            "resumed_at": start if saved is not None else None,
             "choices": _choices(),
         })
         if sess.bridge is not None:
@@ -267,4 +371,3 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         log.log_summary(summary)
         log.close()
     return summary
-

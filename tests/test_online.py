@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omnidraft.decode import generate
@@ -11,16 +12,17 @@ from omnidraft.online import OnlineLearner
 from conftest import PROMPTS, aligned_drafter
 
 
-def _setup(pair_llama2_qwen):
+def _setup(pair_llama2_qwen, loss="kl_nll"):
     target, ttok, drafter0, dtok, bridge = pair_llama2_qwen
     drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)  # own copy: it trains
-    learner = OnlineLearner(drafter, bridge, lam=0.2, lr=1e-3, weight_decay=0.0, batch_size=4)
+    learner = OnlineLearner(drafter, bridge, lam=0.2, lr=1e-3, weight_decay=0.0, batch_size=4, loss=loss)
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learner=learner)
     return target, ttok, drafter, d, learner
 
 
-def test_update_lowers_hybrid_loss_and_never_touches_target(pair_llama2_qwen):
-    target, ttok, drafter, d, learner = _setup(pair_llama2_qwen)
+@pytest.mark.parametrize("loss", ["kl_nll", "nll_only", "nll_nll", "kl_kl"])
+def test_update_lowers_hybrid_loss_and_never_touches_target(pair_llama2_qwen, loss):
+    target, ttok, drafter, d, learner = _setup(pair_llama2_qwen, loss)
     target_before = {k: v.clone() for k, v in target.state_dict().items()}
     drafter_before = {k: v.clone() for k, v in drafter.state_dict().items()}
     for text in PROMPTS[:4]:
@@ -29,8 +31,17 @@ def test_update_lowers_hybrid_loss_and_never_touches_target(pair_llama2_qwen):
         assert sd.tokens == ar.tokens  # lossless while recording
     batch = list(learner.buffer)
     assert batch and any(ex.dm_pos for ex in batch)
+    # The tiny pair rarely accepts an n-gram: give every multi-token step one at its first two
+    # drafts (target log-prob -0.1) so the n-gram terms of every variant are exercised.
+    for ex in batch:
+        if not ex.ngrams and len(ex.drafts) >= 3:
+            ex.ngrams = [(0, 2, -0.1)]
+            ex.dm_pos, ex.dm_logp, ex.dm_top = ex.dm_pos[1:], ex.dm_logp[1:], ex.dm_top[1:]
+    learner.buffer = list(batch)
     with torch.no_grad():
-        before = float(learner.losses(batch)["loss"])
+        out = learner.losses(batch)
+        before = float(out["loss"])
+    assert before > 0 and (float(out["loss_dm"]) == 0) == (loss == "nll_only")
     learner.update()
     assert not learner.buffer
     with torch.no_grad():

@@ -93,3 +93,80 @@ def test_adapt_with_a_drafter_that_cannot_learn_is_refused(tmp_path):
 
     with pytest.raises(OmniDraftError, match="NgramDrafter"):
         run(_cfg(tmp_path, "method=spd_dm", "method.adapt.enabled=true"))
+
+
+_STREAM = ("method=omnidraft", "method.adapt.interval=2", "task.limit=6", "decode.max_new_tokens=12",
+           "checkpoint_every=3")
+_SAME = ("prompt/id", "text/output", "sd/accepted", "sd/proposed", "sd/steps", "ngram/size", "ngram/hits",
+         "adapt/loss", "adapt/loss_dm", "adapt/loss_ngram", "adapt/n_examples", "lossless/match")
+
+
+def _rows(d):
+    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_save_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    """Crash after prompt 4 (state saved after prompt 3, with one prompt's examples still in the
+    update buffer), resume: outputs, losses and cache equal the uninterrupted seeded run."""
+    import pytest
+
+    import omnidraft.runner as runner
+
+    full = run(_cfg(tmp_path / "full", *_STREAM))
+    calls = {"n": 0}
+    real_row = runner.drafter_row
+
+    def crashing_row(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("simulated crash")
+        return real_row(*a, **kw)
+
+    monkeypatch.setattr(runner, "drafter_row", crashing_row)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(_cfg(tmp_path / "cut", *_STREAM))
+    monkeypatch.setattr(runner, "drafter_row", real_row)
+    assert len(_rows(tmp_path / "cut")) == 4  # prompt 3 was logged after the checkpoint
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"].startswith("failed")
+    resumed = run(_cfg(tmp_path / "cut", *_STREAM, "resume=true"))
+    assert resumed["resumed_at"] == 3 and resumed["n_prompts"] == 6
+    a, b = _rows(tmp_path / "full"), _rows(tmp_path / "cut")
+    assert [r["prompt/index"] for r in b] == list(range(6))
+    for ra, rb in zip(a, b):
+        assert {k: ra.get(k) for k in _SAME} == {k: rb.get(k) for k in _SAME}
+    for key in ("accept/rate", "accept/mean_len", "ngram/size", "adapt/n_updates"):
+        assert full[key] == resumed[key], key
+    segs = resumed["provenance"]["segments"]
+    assert [s["start"] for s in segs] == [0, 3]
+
+
+def test_resume_refuses_a_different_config_and_a_missing_state(tmp_path):
+    import pytest
+
+    from omnidraft.errors import OmniDraftError
+
+    with pytest.raises(OmniDraftError, match="no online state"):
+        run(_cfg(tmp_path / "none", *_STREAM, "resume=true"))
+    run(_cfg(tmp_path / "a", *_STREAM))
+    with pytest.raises(OmniDraftError, match="method.adapt.lam"):
+        run(_cfg(tmp_path / "a", *_STREAM, "resume=true", "method.adapt.lam=0.5"))
+
+
+def test_init_state_serves_an_adapted_drafter(tmp_path):
+    """A drafter adapted on one stream starts the next session with its weights (LoRA too)."""
+    import torch
+
+    from omnidraft import state as state_io
+    from omnidraft.runner import Session
+
+    for name, extra in (("full", ()), ("lora", ("method.adapt.lora_rank=4",))):
+        run(_cfg(tmp_path / name, *_STREAM, *extra))
+        saved = state_io.load(tmp_path / name / "state")
+        assert saved.meta["learner"]["n_updates"] == 3 and saved.meta["drafter"]["ngram"]["entries"] is not None
+        for method in ("ablation=cache_pp", "method=omnidraft"):
+            sess = Session(_cfg(tmp_path / f"{name}_next", method, f"drafter.init_state={tmp_path / name}"))
+            params = dict(sess.draft_lm.model.named_parameters())
+            loaded = [k[len("param."):] for k in saved.tensors if k.startswith("param.")]
+            assert loaded and all(torch.equal(params[n], saved.tensors[f"param.{n}"].to(params[n].dtype))
+                                  for n in loaded)
+            assert len(sess.drafter.ngram) == 0  # the n-gram cache belongs to its own stream
