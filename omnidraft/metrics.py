@@ -65,8 +65,10 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
     s["speed/sd_tok_per_s_all"] = tot("sd/new_tokens") / tot("sd/wall_s")
     s["time/draft_share"] = tot("sd/draft_s") / tot("sd/wall_s")
     s["time/target_share"] = tot("sd/target_s") / tot("sd/wall_s")
-    s["accept/rate_first_window"] = _rate(rows[:window])
-    s["accept/rate_last_window"] = _rate(rows[-window:])
+    w = max(1, min(window, len(rows) // 2))  # short runs: two halves, never overlapping windows
+    s["accept/window"] = w
+    s["accept/rate_first_window"] = _rate(rows[:w])
+    s["accept/rate_last_window"] = _rate(rows[-w:])
     if any("adapt/update_s" in r for r in rows):
         up = tot("adapt/update_s")
         s["adapt/time_share"] = up / (up + tot("sd/wall_s") + tot("ar/wall_s"))

