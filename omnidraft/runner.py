@@ -28,7 +28,9 @@ from omnidraft.loggers import JSONLLogger, MultiLogger
 from omnidraft.metrics import drafter_row, prompt_row, summarise
 from omnidraft.models import LoadedModel, load_model
 from omnidraft.online import OnlineLearner, with_lora
-from omnidraft.tasks import format_prompt, load_stream
+from omnidraft.quality import score as quality_score
+from omnidraft.quality import summarise_quality
+from omnidraft.tasks import format_prompt, load_stream, render
 from omnidraft.vocab import build_bridge, tokenizer_hash
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
@@ -161,11 +163,16 @@ class Session:
                                      target_eos=self.target.eos_ids, learner=self.learner,
                                      verify=cfg.method.verify)
 
-    def prompt_ids(self, text: str) -> list[int]:
+    def prompt_ids(self, text: str | list[dict[str, str]]) -> list[int]:
+        """Target token ids for one user message or a conversation (chat template when the
+        target has one and ``target.chat_template``)."""
         c = self.cfg
-        text = c.task.template.format(question=text)
         return format_prompt(self.target.tokenizer, text, system=c.task.system_prompt,
                              use_chat_template=c.target.chat_template)
+
+    def templates(self) -> dict[str, str]:
+        t = self.cfg.task
+        return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}
 
     def generate(self, prompt_ids: list[int], *, baseline: bool = False, seed: int = 0,
                  max_new_tokens: int | None = None):
@@ -235,7 +242,9 @@ def fingerprint(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> str | None:
-    for k in sorted(set(a) | set(b)):
+    """First difference between the saved fingerprint ``a`` and the current ``b``; keys that
+    newer code added to the config (absent from ``a``) are not differences."""
+    for k in sorted(a):
         x, y = a.get(k), b.get(k)
         if isinstance(x, dict) and isinstance(y, dict):
             d = _diff(x, y, f"{prefix}{k}.")
@@ -244,6 +253,20 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str | None:
         elif x != y:
             return f"{prefix}{k}: saved {x!r}, now {y!r}"
     return None
+
+
+def _by_task(rows: list[dict[str, Any]], greedy: bool, window: int) -> dict[str, Any]:
+    """Per-task acceptance and quality for streams that mix tasks."""
+    tasks = sorted({r.get("task") for r in rows if r.get("task")})
+    if len(tasks) < 2:
+        return {}
+    out = {}
+    for name in tasks:
+        rs = [r for r in rows if r.get("task") == name]
+        s = summarise(rs, greedy, window)
+        out[name] = {"n_prompts": len(rs), "accept/rate": s.get("accept/rate"),
+                     "accept/mean_len": s.get("accept/mean_len"), **summarise_quality(rs)}
+    return {"by_task": out}
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -282,8 +305,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         rows, start = list(saved.rows), int(saved.meta["next_index"])
         segments = saved.meta.get("segments", []) + [{**segments[0], "start": start}]
         with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:  # drop rows past the checkpoint
-            for r in rows:
-                f.write(json.dumps({"step": r["prompt/index"], **r}, default=str) + "\n")
+            for n, r in enumerate(rows):
+                f.write(json.dumps({"step": n, **r}, default=str) + "\n")
     elif (run_dir / "metrics.jsonl").exists():
         (run_dir / "metrics.jsonl").unlink()  # a fresh run in an old directory starts a fresh log
     prov["segments"] = segments
@@ -304,39 +327,53 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     status = "ok"
     try:
-        prompts = []
+        templates = sess.templates()
+        first = []
         for r in records:
-            ids = sess.prompt_ids(r.turns[0])
+            ids = sess.prompt_ids(render(r, 0, templates))
             sess.check_context(r.id, len(ids))
-            prompts.append((r, ids))
+            first.append(ids)
         with sess.paused():
-            for r, ids in prompts[: int(cfg.warmup_prompts)]:  # warm-up, not logged, learns nothing
+            for ids in first[: int(cfg.warmup_prompts)]:  # warm-up, not logged, learns nothing
                 sess.generate(ids, max_new_tokens=16)
                 if measure:
                     sess.generate(ids, baseline=True, max_new_tokens=16)
-        bar = tqdm(total=len(prompts), initial=start, desc=f"{cfg.method.name} {cfg.task.name}",
+        t = cfg.task
+        bar = tqdm(total=len(records), initial=start, desc=f"{cfg.method.name} {t.name}",
                    unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
-        for i in range(start, len(prompts)):
-            r, ids = prompts[i]
-            seed = int(cfg.seed) * 1_000_003 + i
+        for i in range(start, len(records)):
+            r = records[i]
             with_ar = measure and i % every == 0
-            ar = None
-            if with_ar and i % 2 == 1:
-                ar = sess.generate(ids, baseline=True, seed=seed)
-            before = sess.drafter_stats()
-            sd = sess.generate(ids, seed=seed)
-            if with_ar and i % 2 == 0:
-                ar = sess.generate(ids, baseline=True, seed=seed)
-            row = {"prompt/id": r.id, "prompt/index": i, "prompt/tokens": len(ids), **prompt_row(sd, ar),
-                   **drafter_row(before, sess.drafter_stats(), len(sd.steps))}
-            row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
-            if sess.learner is not None and (i + 1) % int(cfg.method.adapt.interval) == 0:
-                t_up = time.perf_counter()
-                row.update(sess.learner.update(progress=bool(cfg.progress)))
-                row["adapt/update_s"] = time.perf_counter() - t_up
-            rows.append(row)
-            log.log(row, step=i)
-            if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(prompts):
+            history: list[dict[str, str]] = []
+            for turn in range(len(r.turns)):
+                history.append({"role": "user", "content": render(r, turn, templates)})
+                ids = first[i] if turn == 0 else sess.prompt_ids(history)
+                if turn:
+                    sess.check_context(f"{r.id} turn {turn + 1}", len(ids))
+                seed = int(cfg.seed) * 1_000_003 + i + 100_003 * turn
+                ar = None
+                if with_ar and i % 2 == 1:
+                    ar = sess.generate(ids, baseline=True, seed=seed)
+                before = sess.drafter_stats()
+                sd = sess.generate(ids, seed=seed)
+                if with_ar and i % 2 == 0:
+                    ar = sess.generate(ids, baseline=True, seed=seed)
+                answer = sess.target.tokenizer.decode(sd.tokens, skip_special_tokens=True)
+                row = {"prompt/id": r.id, "prompt/index": i, "prompt/turn": turn,
+                       "task": r.metadata.get("task", t.name), "prompt/tokens": len(ids), **prompt_row(sd, ar),
+                       **drafter_row(before, sess.drafter_stats(), len(sd.steps)),
+                       **quality_score(r, turn, answer, sd.n_new, execute_code=bool(t.execute_code),
+                                       timeout=float(t.exec_timeout_s), memory_mb=int(t.exec_memory_mb))}
+                row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
+                history.append({"role": "assistant", "content": answer})
+                last_turn = turn == len(r.turns) - 1
+                if last_turn and sess.learner is not None and (i + 1) % int(cfg.method.adapt.interval) == 0:
+                    t_up = time.perf_counter()
+                    row.update(sess.learner.update(progress=bool(cfg.progress)))
+                    row["adapt/update_s"] = time.perf_counter() - t_up
+                rows.append(row)
+                log.log(row, step=len(rows) - 1)
+            if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(records):
                 state_io.save(state_dir, sess.state(i + 1, rows, meta))
             bar.update(1)
             summary = summarise(rows, greedy, int(cfg.metrics_window))
@@ -350,8 +387,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise
     finally:
         summary = summarise(rows, greedy, int(cfg.metrics_window))
+        summary.update(summarise_quality(rows))
+        summary.update(_by_task(rows, greedy, int(cfg.metrics_window)))
         summary.update({
             "status": status,
+            "n_records": len({r["prompt/index"] for r in rows}),
             "method": cfg.method.name, "target": cfg.target.name,
             "drafter": sess.draft_lm.name if sess.draft_lm is not None else None,
             "task": cfg.task.name, "k": int(cfg.method.k), "temperature": float(cfg.method.temperature),
