@@ -108,6 +108,24 @@ class AdaptConfig:
 
 
 @dataclass
+class DraftLengthConfig:
+    """How many tokens to draft per step, see omnidraft.adaptive."""
+
+    policy: str = "fixed"  # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head)
+    gamma: Optional[float] = None  # stop when 1 - prod P(accept) > gamma; null = the task's preset
+    k_min: int = 1
+    k_max: int = 16
+    head_blocks: int = 2
+    head_mode: str = "joint"  # joint | interleaved
+    head_lr: float = 1.0e-3
+    mismatch_weight: float = 6.0
+    head_batch_size: int = 64
+    replay: int = 4096  # interleaved: FIFO replay buffer (proposals)
+    head_steps: int = 4  # interleaved: mini-batches per head update
+    head_every: int = 1  # interleaved: head update every N prompts
+
+
+@dataclass
 class MethodConfig:
     name: str = MISSING  # ar | sd | spd_dm | omnidraft
     k: int = 5
@@ -115,6 +133,7 @@ class MethodConfig:
     verify: str = "lossless"  # lossless | paper (OmniDraft's approximate q' rule with the n-gram cache)
     drafter: Optional[Dict[str, Any]] = None  # _target_ + kwargs, _partial_: true
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    draft_length: DraftLengthConfig = field(default_factory=DraftLengthConfig)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from omnidraft import kv
+from omnidraft.adaptive import FixedK
 from omnidraft.decode import Proposal
 from omnidraft.errors import OmniDraftError
 from omnidraft.ngram_cache import NgramCache, alignments
@@ -43,6 +44,13 @@ class _ModelDrafter:
         self.cached: list[int] = []  # tokens whose keys/values are in self.cache
         self.cache = None
         self._mask_add = None
+        self.policy = FixedK()  # draft-length policy (omnidraft.adaptive)
+        self.head_learner = None  # trains the acceptance head from verification results
+        self.last_drafts: list[int] = []
+        self._hidden: list[torch.Tensor] = []
+        self._q_tok: list[float] = []
+        self._prop_ids: list[int] = []
+        self.drafted_total = 0
         if allowed is not None:
             v = model.get_output_embeddings().weight.shape[0]
             full = torch.zeros(v, dtype=torch.bool)
@@ -73,17 +81,30 @@ class _ModelDrafter:
             kv.crop_to(self.cache, keep)
             del self.cached[keep:]
 
+    def set_length_policy(self, policy, head_learner=None) -> None:
+        """Use ``policy`` (FixedK / HeuristicK / HeadPolicy) and optionally train its head."""
+        self.policy, self.head_learner = policy, head_learner
+
     @torch.no_grad()
     def _draft(self, k: int, temperature: float, generator: torch.Generator | None
                ) -> tuple[list[int], list[torch.Tensor]]:
         """Up to k drafter tokens (greedy or sampled, under the mask) and their drafter-space
-        distributions (sampling only). Stops after a token that maps to a target EOS."""
+        distributions (sampling only). Stops after a token that maps to a target EOS, or where the
+        draft-length policy says so."""
         self._sync_cache()
         feed = self.ids[len(self.cached):]
         drafts: list[int] = []
         qs: list[torch.Tensor] = []
-        for _ in range(k):
-            logits = kv.forward(self.model, feed, self.cache, keep=1)[-1].float()
+        want_hidden = self.policy.needs_hidden or self.head_learner is not None
+        self._hidden, self._q_tok = [], []
+        self.policy.begin()
+        for _ in range(self.policy.max_len(k)):
+            if want_hidden:
+                logits, h = kv.forward_hidden(self.model, feed, self.cache)
+                logits = logits.float()
+                self._hidden.append(h.float())
+            else:
+                logits, h = kv.forward(self.model, feed, self.cache, keep=1)[-1].float(), None
             self.cached.extend(feed)
             if self._mask_add is not None:
                 logits = logits + self._mask_add
@@ -93,17 +114,47 @@ class _ModelDrafter:
                 qd = probs(logits, temperature).cpu()
                 d = int(torch.multinomial(qd, 1, generator=generator))
                 qs.append(qd)
+            if self.head_learner is not None:
+                self._q_tok.append(float(torch.softmax(logits, -1)[d]))
             drafts.append(d)
-            if self._to_target(d) in self.target_eos:
+            if self._to_target(d) in self.target_eos or not self.policy.keep_going(h):
                 break
             feed = [d]
         self._stable = len(self.ids)
+        self.last_drafts = drafts
+        self.drafted_total += len(drafts)
         return drafts, qs
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters (the runner logs per-prompt differences)."""
+        return {"draft/tokens": self.drafted_total}
+
+    def _groups(self) -> list[tuple[int, int]]:
+        """Drafter-token span of each target proposal of the last step (one token each here)."""
+        return [(i, i + 1) for i in range(len(self._prop_ids))]
+
+    def _after_verify(self, n_accepted: int, target_logits) -> None:
+        """Feed the draft-length policy and the head learner with this step's verification."""
+        m = len(self._prop_ids)
+        self.policy.observe(m, n_accepted)
+        if self.head_learner is None or target_logits is None or not m or not self._hidden:
+            return
+        groups = self._groups()[: min(m, n_accepted + 1)]  # up to and including the first rejection
+        p = torch.softmax(target_logits[: len(groups)].float(), -1)
+        labels = []
+        for i, (s, e) in enumerate(groups):
+            q = 1.0
+            for j in range(s, e):
+                q *= self._q_tok[j]
+            labels.append(min(1.0, float(p[i, self._prop_ids[i]]) / max(q, 1e-12)))
+        self.head_learner.record(torch.stack(self._hidden), groups, labels,
+                                 [i < n_accepted for i in range(len(groups))])
 
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
         drafts, qs = self._draft(k, temperature, generator)
         q = torch.stack([self._lift(x) for x in qs]) if qs else None
-        return Proposal([self._to_target(d) for d in drafts], q)
+        self._prop_ids = [self._to_target(d) for d in drafts]
+        return Proposal(list(self._prop_ids), q)
 
 
 class SameVocabDrafter(_ModelDrafter):
@@ -116,6 +167,7 @@ class SameVocabDrafter(_ModelDrafter):
         self._reset(prompt_ids)
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
+        self._after_verify(n_accepted, target_logits)
         self.ids.extend(new_ids)
 
     def _to_target(self, d: int) -> int:
@@ -159,6 +211,8 @@ class DirectMapDrafter(_ModelDrafter):
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
         """Append the target's new text: re-tokenise the last few drafter tokens + the new text."""
+        if type(self) is DirectMapDrafter:
+            self._after_verify(n_accepted, target_logits)
         text = self._utf8.decode(self.bridge.target_text_bytes(new_ids))
         if not text:
             return  # an incomplete UTF-8 sequence: wait for the rest
@@ -240,7 +294,11 @@ class NgramDrafter(DirectMapDrafter):
             self._last = (ctx, drafts[: merged[-1].end] if merged else [], merged)
         self.hits_total += sum(m.is_ngram for m in merged)
         q = torch.stack([self._q_prime(m, drafts, qs) for m in merged]) if qs and merged else None
-        return Proposal([m.target_id for m in merged], q)
+        self._prop_ids = [m.target_id for m in merged]
+        return Proposal(list(self._prop_ids), q)
+
+    def _groups(self) -> list[tuple[int, int]]:
+        return [(m.start, m.end) for m in self.last_merged]
 
     def _q_prime(self, m, drafts: list[int], qs: list[torch.Tensor]) -> torch.Tensor:
         """The paper's q' for one merged proposal, in target space."""
@@ -258,7 +316,7 @@ class NgramDrafter(DirectMapDrafter):
 
     def stats(self) -> dict[str, float]:
         """Cumulative statistics over the stream (the runner logs per-prompt differences)."""
-        return {**self.ngram.stats(), "ngram/proposed_hits": self.hits_total}
+        return {**super().stats(), **self.ngram.stats(), "ngram/proposed_hits": self.hits_total}
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -272,16 +330,20 @@ class NgramDrafter(DirectMapDrafter):
     @contextmanager
     def paused(self):
         """Draft without learning or touching the stream's cache and counters (warm-up)."""
-        saved = (self.learner, self.learn, self.ngram, self.hits_total, self._mask_add.clone())
-        self.learner, self.learn = None, False
+        saved = (self.learner, self.learn, self.ngram, self.hits_total, self._mask_add.clone(),
+                 self.head_learner, self.policy.state_dict(), self.drafted_total)
+        self.learner, self.learn, self.head_learner = None, False, None
         self.ngram = NgramCache.from_state_dict(self.ngram.state_dict())
         try:
             yield self
         finally:
-            self.learner, self.learn, self.ngram, self.hits_total, mask = saved
+            self.learner, self.learn, self.ngram, self.hits_total, mask, self.head_learner, pol, \
+                self.drafted_total = saved
             self._mask_add.copy_(mask)
+            self.policy.load_state_dict(pol)
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
+        self._after_verify(n_accepted, target_logits)
         if self.learner is not None and target_logits is not None and self._last is not None:
             ctx, drafts, merged = self._last
             self.learner.record(ctx, drafts, merged, target_logits, n_accepted)

@@ -36,6 +36,14 @@ def forward(model, ids: list[int], cache: DynamicCache, keep: int = 0) -> torch.
     return model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=keep).logits[0]
 
 
+@torch.no_grad()
+def forward_hidden(model, ids: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed ``ids``; (logits of the last position (V,), last-layer hidden state there (H,))."""
+    x = torch.tensor([ids], dtype=torch.long, device=model.device)
+    out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
+    return out.logits[0, -1], out.hidden_states[-1][0, -1]
+
+
 def prefix_copy(cache: DynamicCache, n: int, model) -> DynamicCache:
     """A new cache holding the first ``n`` positions of ``cache`` (``cache`` is left untouched:
     later updates of the copy concatenate into new tensors)."""

@@ -32,6 +32,8 @@ def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, A
 def drafter_row(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:
     """Per-prompt drafter statistics from cumulative counters (n-gram cache size, hits per step)."""
     row: dict[str, float] = {}
+    if "draft/tokens" in after:
+        row["draft/mean_len"] = (after["draft/tokens"] - before.get("draft/tokens", 0)) / max(1, steps)
     if "ngram/size" in after:
         row["ngram/size"] = after["ngram/size"]
         row["ngram/bytes"] = after["ngram/bytes"]
@@ -73,6 +75,13 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
         up = tot("adapt/update_s")
         s["adapt/time_share"] = up / (up + tot("sd/wall_s") + tot("ar/wall_s"))
         s["adapt/n_updates"] = sum("adapt/update_s" in r for r in rows)
+    if any("draft/mean_len" in r for r in rows):
+        s["draft/mean_len"] = sum(r.get("draft/mean_len", 0) * r["sd/steps"] for r in rows) / steps if steps else 0.0
+    if any("head/pred_accept" in r for r in rows):
+        hr = [r for r in rows if "head/pred_accept" in r]
+        n = sum(r["head/n"] for r in hr)
+        s["head/pred_accept"] = sum(r["head/pred_accept"] * r["head/n"] for r in hr) / n
+        s["head/obs_accept"] = sum(r["head/obs_accept"] * r["head/n"] for r in hr) / n
     if "ngram/size" in rows[-1]:
         s["ngram/size"] = rows[-1]["ngram/size"]
         s["ngram/bytes"] = rows[-1]["ngram/bytes"]

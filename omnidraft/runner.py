@@ -113,6 +113,17 @@ def check_config(cfg: DictConfig) -> None:
                                  "(OmniDraft's approximate q', not lossless) or method.temperature=0")
     if cfg.resume and cfg.drafter is not None and cfg.drafter.init_state:
         raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
+    dl = m.draft_length
+    if dl.policy not in ("fixed", "heuristic", "head"):
+        raise OmniDraftError(f"method.draft_length.policy={dl.policy!r}: use fixed, heuristic or head")
+    if dl.head_mode not in ("joint", "interleaved"):
+        raise OmniDraftError(f"method.draft_length.head_mode={dl.head_mode!r}: use joint or interleaved")
+    if not 1 <= dl.k_min <= dl.k_max:
+        raise OmniDraftError(f"method.draft_length: need 1 <= k_min <= k_max, got {dl.k_min}..{dl.k_max}")
+    if dl.gamma is not None and not 0 < dl.gamma < 1:
+        raise OmniDraftError(f"method.draft_length.gamma={dl.gamma} must be in (0, 1)")
+    if dl.policy != "fixed" and m.name == "ar":
+        raise OmniDraftError("method=ar drafts nothing: drop method.draft_length.policy")
     if m.k < 1:
         raise OmniDraftError(f"method.k={m.k} must be >= 1")
     if cfg.decode.max_new_tokens < 1:
@@ -131,6 +142,7 @@ class Session:
         self.bridge = None
         self.learner = None
         self.lora = None
+        self.head_learner = None
         if cfg.method.name != "ar":
             self.draft_lm = load_model(_plain(cfg.drafter), cache)
             if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
@@ -162,6 +174,7 @@ class Session:
                                      bridge=self.bridge, target_vocab_size=v_t,
                                      target_eos=self.target.eos_ids, learner=self.learner,
                                      verify=cfg.method.verify)
+            self._build_length_policy()
 
     def prompt_ids(self, text: str | list[dict[str, str]]) -> list[int]:
         """Target token ids for one user message or a conversation (chat template when the
@@ -179,8 +192,40 @@ class Session:
         m = self.cfg.method
         g = torch.Generator().manual_seed(seed)
         return generate(self.target.model, prompt_ids, drafter=None if baseline else self.drafter,
-                        k=m.k, max_new_tokens=max_new_tokens or self.cfg.decode.max_new_tokens,
+                        k=self.draft_k(), max_new_tokens=max_new_tokens or self.cfg.decode.max_new_tokens,
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
+
+    def _build_length_policy(self) -> None:
+        from omnidraft.adaptive import GAMMA_PRESETS, AcceptanceHead, HeadLearner, HeadPolicy, HeuristicK
+
+        dl, m = self.cfg.method.draft_length, self.cfg.method
+        if dl.policy == "fixed":
+            return
+        setter = getattr(self.drafter, "set_length_policy", None)
+        if setter is None:
+            raise OmniDraftError(f"method.draft_length.policy={dl.policy} needs a model drafter")
+        if dl.policy == "heuristic":
+            setter(HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max))
+            return
+        gamma = dl.gamma if dl.gamma is not None else GAMMA_PRESETS.get(self.cfg.task.name, 0.7)
+        head = AcceptanceHead(int(self.draft_lm.model.config.hidden_size), dl.head_blocks).to(self.draft_lm.model.device)
+        self.head_learner = HeadLearner(head, mode=dl.head_mode, lr=dl.head_lr, mismatch_weight=dl.mismatch_weight,
+                                        batch_size=dl.head_batch_size, replay=dl.replay, steps=dl.head_steps,
+                                        every=dl.head_every, seed=int(self.cfg.seed))
+        setter(HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max), self.head_learner)
+        self.gamma = gamma
+
+    def draft_k(self) -> int:
+        """The per-step draft budget handed to the decode loop."""
+        dl = self.cfg.method.draft_length
+        return int(dl.k_max) if dl.policy in ("heuristic", "head") else int(self.cfg.method.k)
+
+    def head_update_due(self, i: int) -> bool:
+        if self.head_learner is None:
+            return False
+        dl, a = self.cfg.method.draft_length, self.cfg.method.adapt
+        every = int(dl.head_every) if dl.head_mode == "interleaved" else int(a.interval)
+        return (i + 1) % every == 0
 
     def paused(self):
         """Warm-up context: the drafter neither learns nor touches the stream's cache."""
@@ -193,6 +238,11 @@ class Session:
         meta = {**meta, "next_index": next_index, "lora": self.lora if self.draft_lm is not None else None}
         if self.learner is not None:
             tensors, meta["learner"] = self.learner.state_dict()
+        if self.head_learner is not None:
+            head_tensors, meta["head"] = self.head_learner.state_dict()
+            tensors = {**tensors, **head_tensors}
+        if self.drafter is not None and hasattr(self.drafter, "policy"):
+            meta["policy"] = self.drafter.policy.state_dict()
         sd = getattr(self.drafter, "state_dict", None)
         if callable(sd):
             meta["drafter"] = sd()
@@ -203,6 +253,10 @@ class Session:
             self.learner.load_state_dict(st.tensors, st.meta["learner"])
         if "drafter" in st.meta:
             self.drafter.load_state_dict(st.meta["drafter"])
+        if self.head_learner is not None:
+            self.head_learner.load_state_dict(st.tensors, st.meta["head"])
+        if "policy" in st.meta:
+            self.drafter.policy.load_state_dict(st.meta["policy"])
 
     def drafter_stats(self) -> dict[str, float]:
         stats = getattr(self.drafter, "stats", None)
@@ -367,10 +421,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
                 history.append({"role": "assistant", "content": answer})
                 last_turn = turn == len(r.turns) - 1
+                if sess.head_learner is not None:
+                    row.update(sess.head_learner.calibration())
                 if last_turn and sess.learner is not None and (i + 1) % int(cfg.method.adapt.interval) == 0:
                     t_up = time.perf_counter()
                     row.update(sess.learner.update(progress=bool(cfg.progress)))
                     row["adapt/update_s"] = time.perf_counter() - t_up
+                if last_turn and sess.head_update_due(i):
+                    t_up = time.perf_counter()
+                    row.update(sess.head_learner.update())
+                    row["adapt/update_s"] = row.get("adapt/update_s", 0.0) + time.perf_counter() - t_up
                 rows.append(row)
                 log.log(row, step=len(rows) - 1)
             if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(records):

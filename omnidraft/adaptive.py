@@ -1,0 +1,235 @@
+"""Draft-length policies behind one interface, and the online acceptance-prediction head.
+
+- :class:`FixedK`: always k drafter tokens (the default everywhere).
+- :class:`HeuristicK`: transformers' assisted-generation schedule: the draft length grows by 2
+  after a step whose proposals were all accepted and shrinks by 1 otherwise (>= 1).
+- :class:`HeadPolicy`: SpecDec++ (after METHOD.md section 3): a small head on the drafter's hidden
+  state predicts P(accept_i | all before accepted); drafting stops after the token at which
+  1 - prod_j P_j exceeds gamma (that token is kept), within k_min..k_max.
+
+Cross-vocabulary (beyond the paper): the head runs per DRAFTER token, so the stop rule acts on
+drafter tokens; a merged n-gram's acceptance prediction is the PRODUCT of its sub-tokens'
+predictions (the same product rule as its draft probability), which is also what the head is
+trained against (one BCE term per merged proposal on that product). Stopping inside an n-gram
+leaves a partial spelling, which the merge pass treats like any other draft (truncates there unless
+the first sub-token is directly mapped).
+
+Training (:class:`HeadLearner`): soft labels min(1, p(y_i) / q(y_i)) at T=1 from the verification
+pass already computed, for proposals up to and including the first rejection; weighted BCE with the
+mismatch (label 0) term weighted ``mismatch_weight`` (SpecDec++: ~6). ``joint``: one update per
+distillation interval on the examples collected since; ``interleaved``: an update every
+``every`` prompts on a FIFO replay buffer of bounded size.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# The paper's gamma per task (SpecDec++ settings); others default to 0.7.
+GAMMA_PRESETS = {"alpaca": 0.3, "alpaca_sample": 0.3, "xsum": 0.3, "gsm8k": 0.7, "mbpp": 0.7, "humaneval": 0.7,
+                 "mbpp_humaneval": 0.7}
+
+
+class AcceptanceHead(nn.Module):
+    """x -> n_blocks x (x + SiLU(Linear(x))) -> Linear -> logit of P(accept)."""
+
+    def __init__(self, hidden_size: int, n_blocks: int = 2):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(n_blocks))
+        self.out = nn.Linear(hidden_size, 1)
+        for b in self.blocks:  # start near identity, predicting ~0.5
+            nn.init.zeros_(b.weight)
+            nn.init.zeros_(b.bias)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = h.float()
+        for b in self.blocks:
+            x = x + F.silu(b(x))
+        return self.out(x).squeeze(-1)
+
+
+class FixedK:
+    """Always the step's budget (k)."""
+
+    needs_hidden = False
+
+    def max_len(self, budget: int) -> int:
+        return budget
+
+    def begin(self) -> None:
+        pass
+
+    def keep_going(self, hidden: torch.Tensor | None) -> bool:
+        return True
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+
+class HeuristicK(FixedK):
+    """transformers' schedule for assisted generation: +2 after full acceptance, -1 otherwise."""
+
+    def __init__(self, k_start: int = 5, k_min: int = 1, k_max: int = 16):
+        self.k, self.k_min, self.k_max = int(k_start), int(k_min), int(k_max)
+
+    def max_len(self, budget: int) -> int:
+        return min(budget, self.k)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        self.k = min(self.k_max, self.k + 2) if accepted == proposed else max(self.k_min, self.k - 1)
+
+    def state_dict(self) -> dict:
+        return {"k": self.k}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.k = int(d.get("k", self.k))
+
+
+class HeadPolicy(FixedK):
+    """Stop when 1 - prod P(accept) > gamma (the token that crosses is kept), k_min..k_max."""
+
+    needs_hidden = True
+
+    def __init__(self, head: AcceptanceHead, gamma: float = 0.7, k_min: int = 1, k_max: int = 16):
+        self.head, self.gamma, self.k_min, self.k_max = head, float(gamma), int(k_min), int(k_max)
+        self.preds: list[float] = []  # P(accept) of each token drafted this step
+
+    def max_len(self, budget: int) -> int:
+        return min(budget, self.k_max)
+
+    def begin(self) -> None:
+        self.preds = []
+
+    @torch.no_grad()
+    def keep_going(self, hidden: torch.Tensor | None) -> bool:
+        p = float(torch.sigmoid(self.head(hidden.reshape(1, -1)))[0])
+        self.preds.append(p)
+        prod = 1.0
+        for x in self.preds:
+            prod *= x
+        return not (len(self.preds) >= self.k_min and 1.0 - prod > self.gamma)
+
+
+class HeadLearner:
+    """Online training of an :class:`AcceptanceHead` from verification results.
+
+    Args:
+        mode: 'joint' (update when the distillation updates, on what was collected since) or
+            'interleaved' (update every ``every`` prompts from a FIFO replay buffer of ``replay``
+            proposals, ``steps`` mini-batches each time).
+    """
+
+    def __init__(self, head: AcceptanceHead, *, mode: str = "joint", lr: float = 1e-3,
+                 mismatch_weight: float = 6.0, batch_size: int = 64, replay: int = 4096,
+                 steps: int = 4, every: int = 1, seed: int = 0):
+        if mode not in ("joint", "interleaved"):
+            raise ValueError(f"head mode must be joint or interleaved, got {mode!r}")
+        self.head, self.mode, self.w = head, mode, float(mismatch_weight)
+        self.batch_size, self.steps, self.every = int(batch_size), int(steps), int(every)
+        self.buffer: deque = deque(maxlen=int(replay) if mode == "interleaved" else None)
+        self.opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+        self.rng = random.Random(seed)
+        self.n_updates = 0
+        # calibration since the last read: predicted vs observed acceptance of merged proposals
+        self._pred_sum = self._obs_sum = 0.0
+        self._n = 0
+
+    @torch.no_grad()
+    def record(self, hidden: torch.Tensor, groups: list[tuple[int, int]], labels: list[float],
+               accepted: list[bool]) -> None:
+        """One step: drafter hidden states (n_draft, H) and, per target proposal up to the first
+        rejection, its drafter-token span, soft label and whether it was accepted."""
+        logp = F.logsigmoid(self.head(hidden.float()))
+        for (s, e), y, a in zip(groups, labels, accepted):
+            self.buffer.append((hidden[s:e].detach().float().cpu(), float(y)))
+            self._pred_sum += float(logp[s:e].sum().exp())
+            self._obs_sum += float(a)
+            self._n += 1
+
+    def calibration(self, reset: bool = True) -> dict[str, float]:
+        out = {}
+        if self._n:
+            out = {"head/pred_accept": self._pred_sum / self._n, "head/obs_accept": self._obs_sum / self._n,
+                   "head/n": self._n}
+        if reset:
+            self._pred_sum = self._obs_sum = 0.0
+            self._n = 0
+        return out
+
+    def loss(self, items: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
+        """Weighted BCE of prod_j sigmoid(head(h_j)) over each proposal's drafter tokens."""
+        logp = torch.stack([F.logsigmoid(self.head(h)).sum() for h, _ in items])
+        y = torch.tensor([lab for _, lab in items])
+        log1mp = torch.log1p(-logp.exp().clamp(max=1 - 1e-6))
+        return -(y * logp + self.w * (1 - y) * log1mp).mean()
+
+    def update(self) -> dict[str, float]:
+        if not self.buffer:
+            return {}
+        items = list(self.buffer)
+        self.head.train()
+        total, n = 0.0, 0
+        if self.mode == "joint":
+            self.rng.shuffle(items)
+            batches = [items[b: b + self.batch_size] for b in range(0, len(items), self.batch_size)]
+        else:
+            batches = [self.rng.sample(items, min(self.batch_size, len(items))) for _ in range(self.steps)]
+        for batch in batches:
+            loss = self.loss(batch)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            total += float(loss.detach())
+            n += 1
+        self.head.eval()
+        if self.mode == "joint":
+            self.buffer.clear()
+        self.n_updates += 1
+        return {"head/loss": total / max(1, n), "head/n_updates": self.n_updates}
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors = {f"head.{k}": v.detach().contiguous() for k, v in self.head.state_dict().items()}
+        osd = self.opt.state_dict()
+        keys = {}
+        for i, st in osd["state"].items():
+            keys[str(i)] = {}
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    tensors[f"head_opt.{i}.{k}"] = v.contiguous()
+                    keys[str(i)][k] = "tensor"
+                else:
+                    keys[str(i)][k] = v
+        for j, (h, _) in enumerate(self.buffer):
+            tensors[f"head_buf.{j}"] = h.contiguous()
+        ver, st, gauss = self.rng.getstate()
+        meta = {"param_groups": osd["param_groups"], "opt_state": keys, "labels": [y for _, y in self.buffer],
+                "rng": [ver, list(st), gauss], "n_updates": self.n_updates}
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        self.head.load_state_dict({k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")})
+        state = {int(i): {k: (tensors[f"head_opt.{i}.{k}"] if v == "tensor" else v) for k, v in ks.items()}
+                 for i, ks in meta["opt_state"].items()}
+        self.opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        self.buffer.clear()
+        for j, y in enumerate(meta["labels"]):
+            self.buffer.append((tensors[f"head_buf.{j}"], y))
+        ver, st, gauss = meta["rng"]
+        self.rng.setstate((ver, tuple(st), gauss))
+        self.n_updates = int(meta["n_updates"])

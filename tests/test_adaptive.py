@@ -1,0 +1,131 @@
+"""Adaptive draft length: stop rule, head training, losslessness whatever the lengths, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from omnidraft.adaptive import AcceptanceHead, HeadLearner, HeadPolicy, HeuristicK
+from omnidraft.decode import generate
+from omnidraft.drafters import NgramDrafter
+
+from conftest import PROMPTS
+
+
+def _constant_head(hidden: int, p: float) -> AcceptanceHead:
+    head = AcceptanceHead(hidden)
+    with torch.no_grad():
+        head.out.bias.fill_(math.log(p / (1 - p)))
+    return head
+
+
+def test_stop_rule_stops_where_the_product_crosses_gamma():
+    class Given(torch.nn.Module):  # the "hidden state" carries the logit to predict
+        def forward(self, h):
+            return h[..., 0]
+
+    def length(ps, gamma, k_min=1, k_max=16):
+        pol = HeadPolicy(Given(), gamma=gamma, k_min=k_min, k_max=k_max)
+        pol.begin()
+        for n, p in enumerate(ps, 1):
+            if not pol.keep_going(torch.tensor([math.log(p / (1 - p))])):
+                return n
+        return len(ps)
+
+    ps = [0.9, 0.8, 0.7, 0.9, 0.9]  # 1 - prod: 0.10, 0.28, 0.496, 0.546, ...
+    assert length(ps, 0.5) == 4
+    assert length(ps, 0.49) == 3
+    assert length(ps, 0.05) == 1
+    assert length(ps, 0.05, k_min=2) == 2
+
+
+def test_heuristic_schedule():
+    h = HeuristicK(k_start=5, k_min=1, k_max=8)
+    h.observe(5, 5)
+    assert h.k == 7
+    h.observe(7, 7)
+    assert h.k == 8
+    h.observe(8, 2)
+    assert h.k == 7 and h.max_len(3) == 3
+
+
+def test_head_loss_drops_on_a_fixed_batch():
+    g = torch.Generator().manual_seed(0)
+    head = AcceptanceHead(16)
+    learner = HeadLearner(head, mode="joint", lr=1e-2, batch_size=16)
+    hidden = torch.randn(64, 16, generator=g)
+    labels = (hidden[:, 0] > 0).float().tolist()  # learnable from the hidden state
+    items = [(hidden[i: i + 1], labels[i]) for i in range(64)]
+    with torch.no_grad():
+        before = float(learner.loss(items))
+    for _ in range(20):
+        learner.buffer.extend(items)
+        learner.update()
+    with torch.no_grad():
+        after = float(learner.loss(items))
+    assert after < 0.7 * before
+
+
+@pytest.mark.parametrize("policy", ["head", "heuristic"])
+def test_lossless_whatever_lengths_the_policy_picks(pair_llama2_qwen, policy):
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
+    lengths = set()
+    if policy == "head":
+        learner = HeadLearner(AcceptanceHead(drafter.config.hidden_size), mode="interleaved", lr=1e-2)
+        d.set_length_policy(HeadPolicy(learner.head, gamma=0.6, k_max=8), learner)
+    else:
+        d.set_length_policy(HeuristicK(k_start=2, k_max=8))
+    for text in PROMPTS[:6]:
+        ids = ttok.encode(text)
+        sd = generate(target, ids, drafter=d, k=8, max_new_tokens=20)
+        assert sd.tokens == generate(target, ids, max_new_tokens=20).tokens
+        lengths |= {s.proposed for s in sd.steps}
+        if policy == "head":
+            assert learner.update()["head/loss"] > 0
+    assert len(lengths) > 1  # the lengths did vary
+
+
+def test_constant_head_drafts_the_predicted_length(pair_llama2_qwen):
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
+    d.set_length_policy(HeadPolicy(_constant_head(drafter.config.hidden_size, 0.8), gamma=0.5))
+    for text in PROMPTS[:5]:
+        d.start(ttok.encode(text))
+        d.propose(16, 0.0, None)
+        # 1 - 0.8^3 = 0.488 <= 0.5 < 1 - 0.8^4: four drafter tokens (fewer only at an EOS)
+        assert len(d.last_drafts) == 4 or d._to_target(d.last_drafts[-1]) == ttok.eos_token_id
+
+
+def test_head_state_saves_and_resumes(tmp_path, monkeypatch):
+    import omnidraft.runner as runner
+    from test_runner import _SAME, _cfg, _rows
+
+    from omnidraft.runner import run
+
+    over = ("ablation=adaptive_interleaved", "method.adapt.interval=2", "task.limit=5", "decode.max_new_tokens=12",
+            "checkpoint_every=2", "method.draft_length.k_max=6")
+    full = run(_cfg(tmp_path / "full", *over))
+    calls = {"n": 0}
+    real = runner.drafter_row
+
+    def crash(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("simulated crash")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner, "drafter_row", crash)
+    with pytest.raises(RuntimeError):
+        run(_cfg(tmp_path / "cut", *over))
+    monkeypatch.setattr(runner, "drafter_row", real)
+    resumed = run(_cfg(tmp_path / "cut", *over, "resume=true"))
+    keys = _SAME + ("draft/mean_len", "head/loss", "head/pred_accept", "head/obs_accept")
+    for a, b in zip(_rows(tmp_path / "full"), _rows(tmp_path / "cut"), strict=True):
+        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}
+    assert full["draft/mean_len"] == resumed["draft/mean_len"] and "head/pred_accept" in full
+    meta = json.loads((tmp_path / "cut" / "state" / "meta.json").read_text())
+    assert meta["head"]["n_updates"] == 5
