@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
+
 
 # The paper's gamma per task (SpecDec++ settings); others default to 0.7.
 GAMMA_PRESETS = {"alpaca": 0.3, "alpaca_sample": 0.3, "xsum": 0.3, "gsm8k": 0.7, "mbpp": 0.7, "humaneval": 0.7,
@@ -205,31 +207,19 @@ class HeadLearner:
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         tensors = {f"head.{k}": v.detach().contiguous() for k, v in self.head.state_dict().items()}
-        osd = self.opt.state_dict()
-        keys = {}
-        for i, st in osd["state"].items():
-            keys[str(i)] = {}
-            for k, v in st.items():
-                if torch.is_tensor(v):
-                    tensors[f"head_opt.{i}.{k}"] = v.contiguous()
-                    keys[str(i)][k] = "tensor"
-                else:
-                    keys[str(i)][k] = v
+        opt_tensors, opt_meta = optimizer_state(self.opt, "head_opt")
+        tensors.update(opt_tensors)
         for j, (h, _) in enumerate(self.buffer):
             tensors[f"head_buf.{j}"] = h.contiguous()
-        ver, st, gauss = self.rng.getstate()
-        meta = {"param_groups": osd["param_groups"], "opt_state": keys, "labels": [y for _, y in self.buffer],
-                "rng": [ver, list(st), gauss], "n_updates": self.n_updates}
+        meta = {**opt_meta, "labels": [y for _, y in self.buffer], "rng": rng_state(self.rng),
+                "n_updates": self.n_updates}
         return tensors, meta
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         self.head.load_state_dict({k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")})
-        state = {int(i): {k: (tensors[f"head_opt.{i}.{k}"] if v == "tensor" else v) for k, v in ks.items()}
-                 for i, ks in meta["opt_state"].items()}
-        self.opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        load_optimizer_state(self.opt, tensors, meta, "head_opt")
         self.buffer.clear()
         for j, y in enumerate(meta["labels"]):
             self.buffer.append((tensors[f"head_buf.{j}"], y))
-        ver, st, gauss = meta["rng"]
-        self.rng.setstate((ver, tuple(st), gauss))
+        set_rng_state(self.rng, meta["rng"])
         self.n_updates = int(meta["n_updates"])

@@ -22,6 +22,7 @@ import torch
 from omnidraft import kv
 from omnidraft.distill import hybrid_loss, lifted_log_probs, ngram_nll, reverse_kl
 from omnidraft.ngram_cache import Merged
+from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
 from omnidraft.vocab import VocabBridge
 
 LOSSES = ("kl_nll", "nll_only", "nll_nll", "kl_kl")
@@ -269,22 +270,12 @@ class OnlineLearner:
         """(tensors for safetensors, JSON-able metadata): master weights by parameter name,
         AdamW state, the unflushed buffer, RNG state and counters."""
         tensors = {f"param.{n}": m.detach().contiguous() for n, m in zip(self.names, self.master)}
-        osd = self.opt.state_dict()
-        opt_keys = {}
-        for i, st in osd["state"].items():
-            opt_keys[str(i)] = {}
-            for k, v in st.items():
-                if torch.is_tensor(v):
-                    tensors[f"opt.{i}.{k}"] = v.contiguous()
-                    opt_keys[str(i)][k] = "tensor"
-                else:
-                    opt_keys[str(i)][k] = v
+        opt_tensors, opt_meta = optimizer_state(self.opt, "opt")
+        tensors.update(opt_tensors)
         for j, ex in enumerate(self.buffer):
             tensors[f"buffer.{j}.dm_logp"] = ex.dm_logp.contiguous()
         buf = [{k: v for k, v in asdict(ex).items() if k != "dm_logp"} for ex in self.buffer]
-        ver, st, gauss = self.rng.getstate()
-        meta = {"names": self.names, "param_groups": osd["param_groups"], "opt_state": opt_keys,
-                "rng": [ver, list(st), gauss], "n_updates": self.n_updates, "seq": self._seq,
+        meta = {"names": self.names, **opt_meta, "rng": rng_state(self.rng), "n_updates": self.n_updates, "seq": self._seq,
                 "buffer": buf, "lora": any("lora_" in n for n in self.names)}
         return tensors, meta
 
@@ -301,12 +292,8 @@ class OnlineLearner:
         self._sync_weights()
         if weights_only:
             return
-        state = {}
-        for i, keys in meta["opt_state"].items():
-            state[int(i)] = {k: (tensors[f"opt.{i}.{k}"] if v == "tensor" else v) for k, v in keys.items()}
-        self.opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-        ver, st, gauss = meta["rng"]
-        self.rng.setstate((ver, tuple(st), gauss))
+        load_optimizer_state(self.opt, tensors, meta, "opt")
+        set_rng_state(self.rng, meta["rng"])
         self.n_updates, self._seq = int(meta["n_updates"]), int(meta["seq"])
         self.buffer = [Example(**{**b, "ngrams": [tuple(x) for x in b["ngrams"]]},
                                dm_logp=tensors[f"buffer.{j}.dm_logp"]) for j, b in enumerate(meta["buffer"])]

@@ -91,3 +91,36 @@ def load_weights(model, tensors: dict[str, torch.Tensor]) -> int:
         for n, v in saved.items():
             named[n].copy_(v.to(named[n].dtype))
     return len(saved)
+
+
+def optimizer_state(opt: torch.optim.Optimizer, prefix: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimiser's state as (``<prefix>.<i>.<key>`` tensors, JSON-able metadata)."""
+    osd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    keys: dict[str, dict] = {}
+    for i, st in osd["state"].items():
+        keys[str(i)] = {}
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"{prefix}.{i}.{k}"] = v.contiguous()
+                keys[str(i)][k] = "tensor"
+            else:
+                keys[str(i)][k] = v
+    return tensors, {"param_groups": osd["param_groups"], "opt_state": keys}
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict,
+                         prefix: str) -> None:
+    state = {int(i): {k: (tensors[f"{prefix}.{i}.{k}"] if v == "tensor" else v) for k, v in ks.items()}
+             for i, ks in meta["opt_state"].items()}
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def rng_state(rng) -> list:
+    ver, st, gauss = rng.getstate()
+    return [ver, list(st), gauss]
+
+
+def set_rng_state(rng, s: list) -> None:
+    ver, st, gauss = s
+    rng.setstate((ver, tuple(st), gauss))
