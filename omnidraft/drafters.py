@@ -211,8 +211,7 @@ class DirectMapDrafter(_ModelDrafter):
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
         """Append the target's new text: re-tokenise the last few drafter tokens + the new text."""
-        if type(self) is DirectMapDrafter:
-            self._after_verify(n_accepted, target_logits)
+        self._after_verify(n_accepted, target_logits)
         text = self._utf8.decode(self.bridge.target_text_bytes(new_ids))
         if not text:
             return  # an incomplete UTF-8 sequence: wait for the rest
@@ -289,7 +288,7 @@ class NgramDrafter(DirectMapDrafter):
         ctx = list(self.ids) if self.learner is not None else None
         drafts, qs = self._draft(k, temperature, generator)
         merged = self.ngram.merge(drafts, self.bridge.to_target)
-        self.last_drafts, self.last_merged = drafts, merged  # for inspection
+        self.last_merged = merged  # for inspection (last_drafts is set by _draft)
         if self.learner is not None:
             self._last = (ctx, drafts[: merged[-1].end] if merged else [], merged)
         self.hits_total += sum(m.is_ngram for m in merged)
@@ -343,13 +342,12 @@ class NgramDrafter(DirectMapDrafter):
             self.policy.load_state_dict(pol)
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
-        self._after_verify(n_accepted, target_logits)
         if self.learner is not None and target_logits is not None and self._last is not None:
             ctx, drafts, merged = self._last
             self.learner.record(ctx, drafts, merged, target_logits, n_accepted)
         self._last = None
         pending_before = self._utf8.getstate()[0]
-        super().commit(new_ids, n_accepted)
+        super().commit(new_ids, n_accepted, target_logits)
         if not self.learn or pending_before or self._utf8.getstate()[0]:
             return  # this step's text does not line up with its target tokens byte for byte
         # The re-tokenised segment spells (tail text + new text); target tokens start after the tail.

@@ -213,7 +213,6 @@ class Session:
                                         batch_size=dl.head_batch_size, replay=dl.replay, steps=dl.head_steps,
                                         every=dl.head_every, seed=int(self.cfg.seed))
         setter(HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max), self.head_learner)
-        self.gamma = gamma
 
     def draft_k(self) -> int:
         """The per-step draft budget handed to the decode loop."""

@@ -101,27 +101,14 @@ def test_constant_head_drafts_the_predicted_length(pair_llama2_qwen):
 
 
 def test_head_state_saves_and_resumes(tmp_path, monkeypatch):
-    import omnidraft.runner as runner
-    from test_runner import _SAME, _cfg, _rows
+    from test_runner import _SAME, _cfg, _rows, run_until_crash
 
     from omnidraft.runner import run
 
     over = ("ablation=adaptive_interleaved", "method.adapt.interval=2", "task.limit=5", "decode.max_new_tokens=12",
             "checkpoint_every=2", "method.draft_length.k_max=6")
     full = run(_cfg(tmp_path / "full", *over))
-    calls = {"n": 0}
-    real = runner.drafter_row
-
-    def crash(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("simulated crash")
-        return real(*a, **kw)
-
-    monkeypatch.setattr(runner, "drafter_row", crash)
-    with pytest.raises(RuntimeError):
-        run(_cfg(tmp_path / "cut", *over))
-    monkeypatch.setattr(runner, "drafter_row", real)
+    run_until_crash(monkeypatch, _cfg(tmp_path / "cut", *over), at_row=4)
     resumed = run(_cfg(tmp_path / "cut", *over, "resume=true"))
     keys = _SAME + ("draft/mean_len", "head/loss", "head/pred_accept", "head/obs_accept")
     for a, b in zip(_rows(tmp_path / "full"), _rows(tmp_path / "cut"), strict=True):

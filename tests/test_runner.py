@@ -102,6 +102,27 @@ _SAME = ("prompt/id", "text/output", "sd/accepted", "sd/proposed", "sd/steps", "
          "adapt/loss", "adapt/loss_dm", "adapt/loss_ngram", "adapt/n_examples", "lossless/match")
 
 
+def run_until_crash(monkeypatch, cfg, at_row: int) -> None:
+    """Run ``cfg`` and raise a simulated crash while building row ``at_row`` (1-based)."""
+    import pytest
+
+    import omnidraft.runner as runner
+
+    calls = {"n": 0}
+    real_row = runner.drafter_row
+
+    def crashing_row(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == at_row:
+            raise RuntimeError("simulated crash")
+        return real_row(*a, **kw)
+
+    monkeypatch.setattr(runner, "drafter_row", crashing_row)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(cfg)
+    monkeypatch.setattr(runner, "drafter_row", real_row)
+
+
 def _rows(d):
     return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
 
@@ -109,24 +130,8 @@ def _rows(d):
 def test_save_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     """Crash after prompt 4 (state saved after prompt 3, with one prompt's examples still in the
     update buffer), resume: outputs, losses and cache equal the uninterrupted seeded run."""
-    import pytest
-
-    import omnidraft.runner as runner
-
     full = run(_cfg(tmp_path / "full", *_STREAM))
-    calls = {"n": 0}
-    real_row = runner.drafter_row
-
-    def crashing_row(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise RuntimeError("simulated crash")
-        return real_row(*a, **kw)
-
-    monkeypatch.setattr(runner, "drafter_row", crashing_row)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run(_cfg(tmp_path / "cut", *_STREAM))
-    monkeypatch.setattr(runner, "drafter_row", real_row)
+    run_until_crash(monkeypatch, _cfg(tmp_path / "cut", *_STREAM), at_row=5)
     assert len(_rows(tmp_path / "cut")) == 4  # prompt 3 was logged after the checkpoint
     assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"].startswith("failed")
     resumed = run(_cfg(tmp_path / "cut", *_STREAM, "resume=true"))
