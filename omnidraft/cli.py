@@ -1,5 +1,9 @@
 """Command line: ``omnidraft [hydra overrides]`` and ``python -m omnidraft``.
 
+Subcommands: ``omnidraft distill [overrides]`` (DistillSpec's offline distillation, config
+``conf/distill.yaml``) and ``omnidraft bench [overrides]`` (methods compared in one process,
+config ``conf/bench.yaml``).
+
 Overrides are composed once up front so that a bad key, a bad type or an unknown group option
 fails with one line and exit code 2 before Hydra starts a run. Errors raised while running
 (OmniDraftError) also print one line.
@@ -23,7 +27,7 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
-def _precompose(argv: list[str]) -> None:
+def _precompose(argv: list[str], config_name: str = "config") -> None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -36,10 +40,8 @@ def _precompose(argv: list[str]) -> None:
     register_configs()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
-            from omnidraft.runner import check_config
-
-            check_config(cfg)
+            cfg = compose(config_name, overrides=overrides)
+            _CHECKS[config_name](cfg)
     except (HydraException, OmegaConfBaseException) as e:
         _fail(_explain(e))
 
@@ -53,6 +55,41 @@ def _explain(e: BaseException) -> str:
     return text
 
 
+def _check_run(cfg) -> None:
+    from omnidraft.runner import check_config
+
+    check_config(cfg)
+
+
+def _check_distill(cfg) -> None:
+    from omnidraft.distill_runner import check_distill
+
+    check_distill(cfg)
+
+
+def _check_bench(cfg) -> None:
+    from omnidraft.bench import check_bench
+
+    check_bench(cfg)
+
+
+_CHECKS = {"config": _check_run, "distill": _check_distill, "bench": _check_bench}
+
+
+def _run(config_name: str, cfg):
+    if config_name == "distill":
+        from omnidraft.distill_runner import run_distill
+
+        return run_distill(cfg)
+    if config_name == "bench":
+        from omnidraft.bench import run_bench
+
+        return run_bench(cfg)
+    from omnidraft.runner import run
+
+    return run(cfg)
+
+
 def main() -> None:
     """Console entry point."""
     import hydra
@@ -62,23 +99,25 @@ def main() -> None:
     from omnidraft.errors import OmniDraftError
 
     argv = sys.argv[1:]
+    config_name = "config"
+    if argv and argv[0] in ("distill", "bench"):
+        config_name = argv.pop(0)
+        sys.argv = [sys.argv[0]] + argv  # Hydra parses the overrides only
     try:
-        _precompose(argv)
+        _precompose(argv, config_name)
     except OmniDraftError as e:
         _fail(_first_line(e))
     register_configs()
 
-    @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+    @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def _app(cfg: DictConfig) -> float | None:
-        from omnidraft.runner import run
-
         try:
-            summary = run(cfg)
+            summary = _run(config_name, cfg)
         except OmniDraftError as e:
             _fail(_first_line(e))
         except KeyboardInterrupt:
             _fail("interrupted; metrics.jsonl and summary.json hold the prompts finished so far")
-        return summary.get("speed/speedup", summary.get("accept/rate"))
+        return summary.get("speed/speedup", summary.get("accept/rate", summary.get("distill/loss_after")))
 
     _app()
 

@@ -64,6 +64,7 @@ class ModelConfig:
     max_context: Optional[int] = None  # defaults to the model's max_position_embeddings
     chat_template: bool = True  # apply the tokenizer's chat template when it has one
     init_state: Optional[str] = None  # drafter only: start from the weights of a saved online state
+    init_ngram: bool = False  # drafter only: also take init_state's n-gram cache (same target, same kind of stream)
 
 
 @dataclass
@@ -94,13 +95,15 @@ class AdaptConfig:
     enabled: bool = False
     interval: int = 8  # update every N prompts, then clear the buffer
     lam: float = 0.2  # weight of the n-gram NLL term; 0 = L_DM only
-    loss: str = "kl_nll"  # kl_nll | nll_only | nll_nll | kl_kl
+    loss: str = "kl_nll"  # kl_nll | nll_only | nll_nll | kl_kl (hybrid) | fkl | rkl | jsd | tvd (DM positions only)
     lr: float = 1e-4
     weight_decay: float = 0.01
     batch_size: int = 8
     steps_per_update: int = 1
     context_grad: bool = False  # back-propagate through the whole context (slow) or only drafts
     train_dtype: str = "float32"  # dtype of the training copy / master weights: float32 | bfloat16 | float16
+    positions: str = "drafted"  # drafted (every DM proposal) | rejected (first rejected proposal per step: OSD)
+    jsd_beta: float = 0.5  # beta of loss=jsd
     lora_rank: Optional[int] = None  # None = full fine-tuning; else LoRA through peft
     lora_alpha: Optional[int] = None  # default 2 * rank
     lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
@@ -126,14 +129,54 @@ class DraftLengthConfig:
 
 
 @dataclass
+class HFAssistConfig:
+    """engine=hf_assisted: the assistant's generation config (null = transformers' default)."""
+
+    num_assistant_tokens: Optional[int] = None
+    num_assistant_tokens_schedule: Optional[str] = None  # constant | heuristic | heuristic_transient
+    assistant_confidence_threshold: Optional[float] = None
+
+
+@dataclass
 class MethodConfig:
-    name: str = MISSING  # ar | sd | spd_dm | omnidraft
+    name: str = MISSING  # ar | sd | spd_dm | omnidraft | pld | osd | distillspec | uag | uag_k5
+    engine: str = "omnidraft"  # omnidraft (this package's decode loop) | hf_assisted (transformers' generate)
     k: int = 5
     temperature: float = 0.0  # 0 = greedy (lossless: output identical to ar)
     verify: str = "lossless"  # lossless | paper (OmniDraft's approximate q' rule with the n-gram cache)
     drafter: Optional[Dict[str, Any]] = None  # _target_ + kwargs, _partial_: true
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     draft_length: DraftLengthConfig = field(default_factory=DraftLengthConfig)
+    hf: HFAssistConfig = field(default_factory=HFAssistConfig)
+
+
+@dataclass
+class DistillConfig:
+    """``omnidraft distill``: DistillSpec's offline distillation (see omnidraft.distillspec)."""
+
+    data: str = "drafter"  # drafter (on-policy: the drafter's own responses) | target (the target's responses)
+    divergence: str = "fkl"  # fkl | rkl | jsd | tvd, on directly mapped positions in target space
+    jsd_beta: float = 0.5
+    epochs: int = 1
+    lr: float = 1.0e-4
+    weight_decay: float = 0.01
+    max_new_tokens: int = 128  # response length of the training data
+    temperature: float = 0.0  # of the response generation (0 = greedy)
+    train_dtype: str = "float32"
+
+
+@dataclass
+class BenchConfig:
+    """``omnidraft bench``: see omnidraft.bench."""
+
+    methods: List[str] = field(default_factory=lambda: ["ar", "spd_dm", "uag", "uag_k5", "pld", "osd",
+                                                        "distillspec", "omnidraft"])
+    tasks: List[str] = field(default_factory=lambda: ["gsm8k", "humaneval"])
+    limit: int = 20  # prompts per task
+    warmup_prompts: int = 1
+    out_dir: str = "results/bench"
+    name: Optional[str] = None
+    method_overrides: Dict[str, List[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,6 +197,8 @@ class Config:
     task: TaskConfig = MISSING
     method: MethodConfig = MISSING
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
     logger: Dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = field(default_factory=PathsConfig)
     run_dir: str = MISSING

@@ -67,3 +67,17 @@ def hybrid_loss(dm_terms: torch.Tensor, ngram_terms: torch.Tensor, lam: float = 
     """L = mean(L_DM) + lambda * mean(L_Ngram); an empty term counts as zero."""
     l_dm, l_ng = _mean(dm_terms), _mean(ngram_terms)
     return {"loss": l_dm + lam * l_ng, "loss_dm": l_dm, "loss_ngram": l_ng}
+
+
+def divergence(name: str):
+    """D(p, q) per row from log-probabilities (N, C) -> (N,), for 'fkl' KL(p||q), 'rkl' KL(q||p),
+    'jsd' (generalised JSD with ``beta``) and 'tvd'. p is the target (teacher), q the drafter."""
+    return DIVERGENCES[name]
+
+
+DIVERGENCES = {
+    "fkl": lambda log_p, log_q, beta=0.5: forward_kl(log_p, log_q),
+    "rkl": lambda log_p, log_q, beta=0.5: reverse_kl(log_q, log_p),
+    "jsd": lambda log_p, log_q, beta=0.5: jsd(log_p, log_q, beta),
+    "tvd": lambda log_p, log_q, beta=0.5: tvd(log_p, log_q),
+}

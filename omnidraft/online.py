@@ -20,12 +20,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from omnidraft import kv
-from omnidraft.distill import hybrid_loss, lifted_log_probs, ngram_nll, reverse_kl
+from omnidraft.distill import DIVERGENCES, hybrid_loss, lifted_log_probs, ngram_nll, reverse_kl
 from omnidraft.ngram_cache import Merged
 from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
 from omnidraft.vocab import VocabBridge
 
-LOSSES = ("kl_nll", "nll_only", "nll_nll", "kl_kl")
+HYBRID = ("kl_nll", "nll_only", "nll_nll", "kl_kl")  # OmniDraft's loss and its ablations
+LOSSES = HYBRID + tuple(DIVERGENCES)  # + plain divergences on DM positions (OSD, DistillSpec)
+POSITIONS = ("drafted", "rejected")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -92,12 +94,24 @@ class OnlineLearner:
             through the <= k drafted positions, the context's keys/values computed without grad
             (default; project choice, the paper is silent).
         train_dtype: dtype of the training copy and master weights ('float32' default).
+        positions: 'drafted' (every directly mapped proposal of a step) or 'rejected' (only the
+            first rejected proposal of each step, where the target's distribution is conditioned
+            on accepted text: Online Speculative Decoding's data).
+        jsd_beta: beta of the 'jsd' divergence.
+
+    Losses 'fkl', 'rkl', 'jsd', 'tvd' are one divergence between the target's distribution
+    (renormalised over the target tokens the drafter can reach) and the drafter's lifted one, at
+    directly mapped positions, with no n-gram term: OSD uses 'fkl' with positions='rejected',
+    DistillSpec any of them offline.
     """
 
     def __init__(self, model, bridge: VocabBridge, *, lam: float = 0.2, loss: str = "kl_nll",
                  lr: float = 1e-4, weight_decay: float = 0.01, batch_size: int = 8,
                  steps_per_update: int = 1, seed: int = 0, context_grad: bool = False,
-                 train_dtype: str = "float32"):
+                 train_dtype: str = "float32", positions: str = "drafted", jsd_beta: float = 0.5):
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        self.positions, self.jsd_beta = positions, float(jsd_beta)
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
         if train_dtype not in DTYPES:
@@ -138,12 +152,16 @@ class OnlineLearner:
         dm_rows, dm_pos, ngrams = [], [], []
         logp_all = torch.log_softmax(target_logits[: len(merged)].float(), -1)
         for i, m in enumerate(merged):
+            if self.positions == "rejected" and i != n_accepted:
+                continue  # OSD: only the first rejected proposal (none when all were accepted)
             if m.is_ngram:
                 if i < n_accepted:
                     ngrams.append((m.start, m.end, float(logp_all[i, m.target_id])))
             else:
                 dm_rows.append(i)
                 dm_pos.append(m.start)
+        if not dm_rows and not ngrams:
+            return
         cols = self.cols.to(target_logits.device)
         logp = logp_all[dm_rows][:, cols]
         top = logp_all[dm_rows].argmax(-1)
@@ -189,6 +207,11 @@ class OnlineLearner:
         dev = self.train_model.device
         map_ids, map_cols = self.map_ids.to(dev), self.map_cols.to(dev)
         for ex, logits in zip(examples, self._draft_logits(examples)):
+            if ex.dm_pos and self.loss_name in DIVERGENCES:
+                lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
+                lp = torch.log_softmax(ex.dm_logp.to(dev).float(), -1)  # renormalised over reachable tokens
+                dm_terms.append(DIVERGENCES[self.loss_name](lp, lq, beta=self.jsd_beta))
+                continue
             if ex.dm_pos and self.loss_name != "nll_only":
                 lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
                 if self.loss_name == "nll_nll":

@@ -89,9 +89,16 @@ def check_config(cfg: DictConfig) -> None:
         runtime[f"logger.{name}"] = LOGGER_RUNTIME_ARGS
     check_targets(cfg, runtime)
     m = cfg.method
-    if m.name != "ar" and m.drafter is None:
+    if m.engine not in ("omnidraft", "hf_assisted"):
+        raise OmniDraftError(f"method.engine={m.engine!r}: use omnidraft (this package's loop) or hf_assisted "
+                             "(transformers' assisted generation)")
+    if m.engine == "hf_assisted":
+        if m.temperature > 0 or m.adapt.enabled or m.draft_length.policy != "fixed":
+            raise OmniDraftError(f"method {m.name!r} runs transformers' assisted generation: greedy, frozen, "
+                                 "its own draft-length schedule (set method.hf.*), no adapt or draft_length")
+    elif m.name != "ar" and m.drafter is None:
         raise OmniDraftError(f"method {m.name!r} has no drafter config; set method.drafter or use method=ar")
-    if m.name != "ar" and cfg.drafter is None:
+    if uses_draft_model(m) and cfg.drafter is None:
         raise OmniDraftError(f"method {m.name!r} needs a drafter model; pass drafter=<name>")
     if m.adapt.enabled:
         import inspect
@@ -111,6 +118,9 @@ def check_config(cfg: DictConfig) -> None:
         if "verify" in inspect.signature(import_target(m.drafter["_target_"])).parameters:
             raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
                                  "(OmniDraft's approximate q', not lossless) or method.temperature=0")
+    if m.name == "distillspec" and (cfg.drafter is None or not cfg.drafter.init_state):
+        raise OmniDraftError("method=distillspec serves an offline-distilled drafter: run `omnidraft distill` "
+                             "first, then pass drafter.init_state=<its run_dir>/state")
     if cfg.resume and cfg.drafter is not None and cfg.drafter.init_state:
         raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
     dl = m.draft_length
@@ -130,20 +140,63 @@ def check_config(cfg: DictConfig) -> None:
         raise OmniDraftError(f"decode.max_new_tokens={cfg.decode.max_new_tokens} must be >= 1")
 
 
+def task_templates(t) -> dict[str, str]:
+    """Prompt templates of a task config node, by task name (component tasks too)."""
+    return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}
+
+
+def start_run(cfg: DictConfig, overrides: list[str]) -> tuple[Path, dict[str, Any]]:
+    """Create run_dir, write its portable config.yaml, set torch threads; returns (run_dir, provenance)."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(portable_config(cfg)))
+    return run_dir, provenance.collect(int(cfg.seed), overrides)
+
+
+def uses_draft_model(m) -> bool:
+    """Whether a method needs a drafter LM (model-free drafters such as prompt lookup do not)."""
+    if m.name == "ar":
+        return False
+    if m.engine == "hf_assisted":
+        return True
+    import inspect
+
+    from omnidraft.instantiate import import_target
+
+    return "model" in inspect.signature(import_target(m.drafter["_target_"])).parameters
+
+
 class Session:
     """Loaded models + drafter for one (target, drafter, method): what notebooks use."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, target: LoadedModel | None = None):
+        """``target``: an already loaded target to share (the bench loads it once for all methods)."""
         self.cfg = cfg
         cache = Path(cfg.paths.cache_dir)
-        self.target: LoadedModel = load_model(_plain(cfg.target), cache)
+        self.target: LoadedModel = target if target is not None else load_model(_plain(cfg.target), cache)
         self.draft_lm: LoadedModel | None = None
         self.drafter = None
         self.bridge = None
         self.learner = None
         self.lora = None
         self.head_learner = None
-        if cfg.method.name != "ar":
+        self.hf = None
+        m = cfg.method
+        if m.name != "ar" and not uses_draft_model(m):  # model-free drafting (prompt lookup)
+            v_t = self.target.model.get_output_embeddings().weight.shape[0]
+            self.drafter = call_with(instantiate(m.drafter), target_vocab_size=v_t, target_eos=self.target.eos_ids,
+                                     tokenizer=self.target.tokenizer)
+        elif m.engine == "hf_assisted":
+            from omnidraft.hf_assisted import HFAssisted
+
+            self.draft_lm = load_model(_plain(cfg.drafter), cache)
+            if cfg.drafter.init_state:
+                state_io.load_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state).tensors)
+            self.hf = HFAssisted(self.target.model, self.draft_lm.model, self.target.tokenizer,
+                                 self.draft_lm.tokenizer, **_plain(m.hf))
+        elif m.name != "ar":
             self.draft_lm = load_model(_plain(cfg.drafter), cache)
             if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
                 raise OmniDraftError(
@@ -164,7 +217,8 @@ class Session:
                 self.draft_lm.model, self.bridge, lam=a.lam, loss=a.loss, lr=a.lr,
                 weight_decay=a.weight_decay, batch_size=a.batch_size,
                 steps_per_update=a.steps_per_update, seed=int(cfg.seed),
-                context_grad=a.context_grad, train_dtype=a.train_dtype) if a.enabled else None
+                context_grad=a.context_grad, train_dtype=a.train_dtype, positions=a.positions,
+                jsd_beta=a.jsd_beta) if a.enabled else None
             if init is not None:
                 if self.learner is not None:
                     self.learner.load_state_dict(init.tensors, init.meta.get("learner") or {}, weights_only=True)
@@ -174,6 +228,9 @@ class Session:
                                      bridge=self.bridge, target_vocab_size=v_t,
                                      target_eos=self.target.eos_ids, learner=self.learner,
                                      verify=cfg.method.verify)
+            if init is not None and cfg.drafter.init_ngram and "drafter" in init.meta \
+                    and hasattr(self.drafter, "load_state_dict"):
+                self.drafter.load_state_dict(init.meta["drafter"])  # the adapted stream's n-gram cache
             self._build_length_policy()
 
     def prompt_ids(self, text: str | list[dict[str, str]]) -> list[int]:
@@ -184,15 +241,18 @@ class Session:
                              use_chat_template=c.target.chat_template)
 
     def templates(self) -> dict[str, str]:
-        t = self.cfg.task
-        return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}
+        return task_templates(self.cfg.task)
 
     def generate(self, prompt_ids: list[int], *, baseline: bool = False, seed: int = 0,
                  max_new_tokens: int | None = None):
         m = self.cfg.method
         g = torch.Generator().manual_seed(seed)
+        n_new = max_new_tokens or self.cfg.decode.max_new_tokens
+        if self.hf is not None and not baseline:
+            return self.hf.generate(prompt_ids, max_new_tokens=n_new, eos_ids=self.target.eos_ids,
+                                    temperature=m.temperature, generator=g)
         return generate(self.target.model, prompt_ids, drafter=None if baseline else self.drafter,
-                        k=self.draft_k(), max_new_tokens=max_new_tokens or self.cfg.decode.max_new_tokens,
+                        k=self.draft_k(), max_new_tokens=n_new,
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
 
     def _build_length_policy(self) -> None:
@@ -225,6 +285,20 @@ class Session:
         dl, a = self.cfg.method.draft_length, self.cfg.method.adapt
         every = int(dl.head_every) if dl.head_mode == "interleaved" else int(a.interval)
         return (i + 1) % every == 0
+
+    def after_prompt(self, i: int, progress: bool = False) -> dict[str, float]:
+        """Online updates due after the stream's prompt ``i`` (0-based): the drafter every
+        ``adapt.interval`` prompts, the acceptance head on its own schedule. Returns their stats."""
+        row: dict[str, float] = {}
+        if self.learner is not None and (i + 1) % int(self.cfg.method.adapt.interval) == 0:
+            t_up = time.perf_counter()
+            row.update(self.learner.update(progress=progress))
+            row["adapt/update_s"] = time.perf_counter() - t_up
+        if self.head_update_due(i):
+            t_up = time.perf_counter()
+            row.update(self.head_learner.update())
+            row["adapt/update_s"] = row.get("adapt/update_s", 0.0) + time.perf_counter() - t_up
+        return row
 
     def paused(self):
         """Warm-up context: the drafter neither learns nor touches the stream's cache."""
@@ -329,9 +403,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     position) is saved atomically every N prompts and at the end; ``resume=true`` continues from it.
     """
     check_config(cfg)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_dir = Path(cfg.state_dir) if cfg.state_dir else run_dir / "state"
+    state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.run_dir) / "state"
     saved = None
     if cfg.resume:
         saved = state_io.load(state_dir)
@@ -339,11 +411,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if d:
             raise OmniDraftError(f"cannot resume from {state_dir}: the config differs ({d}); "
                                  "resume with the run's original overrides, or start a new run_dir")
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    overrides = _overrides(cfg)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(portable_config(cfg)))
-    prov = provenance.collect(int(cfg.seed), overrides)
+    run_dir, prov = start_run(cfg, _overrides(cfg))
 
     t_load = time.perf_counter()
     sess = Session(cfg)
@@ -422,14 +490,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 last_turn = turn == len(r.turns) - 1
                 if sess.head_learner is not None:
                     row.update(sess.head_learner.calibration())
-                if last_turn and sess.learner is not None and (i + 1) % int(cfg.method.adapt.interval) == 0:
-                    t_up = time.perf_counter()
-                    row.update(sess.learner.update(progress=bool(cfg.progress)))
-                    row["adapt/update_s"] = time.perf_counter() - t_up
-                if last_turn and sess.head_update_due(i):
-                    t_up = time.perf_counter()
-                    row.update(sess.head_learner.update())
-                    row["adapt/update_s"] = row.get("adapt/update_s", 0.0) + time.perf_counter() - t_up
+                if last_turn:
+                    row.update(sess.after_prompt(i, progress=bool(cfg.progress)))
                 rows.append(row)
                 log.log(row, step=len(rows) - 1)
             if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(records):

@@ -66,3 +66,17 @@ def test_hub_id_while_offline(tmp_path):
 def test_prompt_longer_than_context(tmp_path):
     proc = _cli(["debug=tiny", "target.max_context=40"], tmp_path)
     _one_error_line(proc, "context of 40", "decode.max_new_tokens")
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["distill", "debug=tiny", "distill.divergence=kl"], ["distill.divergence=", "fkl"]),
+    (["distill", "debug=tiny", "distill.data=teacher"], ["teacher"]),
+    (["bench", "debug=tiny", "bench.methods=[ar,nope]"], ["nope"]),
+    (["bench", "debug=tiny", "bench.methods=[spd_dm]"], ["must include ar"]),
+    (["debug=tiny", "method=distillspec"], ["omnidraft distill"]),
+])
+def test_subcommand_bad_input(tmp_path, args, needles):
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    proc = subprocess.run([sys.executable, "-m", "omnidraft", *args, f"hydra.run.dir={tmp_path}/run"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    _one_error_line(proc, *needles)

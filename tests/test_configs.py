@@ -37,6 +37,8 @@ def test_every_config_composes_and_binds(group, option):
     over = [f"{group}={option}"]
     if group == "method" and option == "sd":
         over += ["drafter=qwen25_coder_05b"]
+    if group == "method" and option == "distillspec":
+        over += ["drafter.init_state=unused"]
     cfg = _compose(over)
     check_config(cfg)  # binds every _target_ (method.drafter, loggers) to its signature
     if group == "method" and cfg.method.drafter is not None:
@@ -59,3 +61,19 @@ def test_misspelled_target_kwarg_is_caught():
     cfg = _compose(["+method.drafter.sync_lookbehnd=3"])
     with pytest.raises(OmniDraftError, match="sync_lookbehnd"):
         check_config(cfg)
+
+
+@pytest.mark.parametrize("name", ["distill", "bench"])
+def test_subcommand_configs_compose_and_check(name):
+    from omnidraft.bench import check_bench
+    from omnidraft.distill_runner import check_distill
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(name, overrides=["run_dir=unused"])
+    if name == "distill":
+        check_distill(cfg)
+        assert cfg.task.offset == 200 and cfg.method.name == "distillspec"  # disjoint from the first 200
+    else:
+        check_bench(cfg)
+        assert "ar" in cfg.bench.methods and set(cfg.bench.method_overrides) >= set(cfg.bench.methods)

@@ -41,3 +41,24 @@ def test_hybrid_loss_and_nll():
     out = hybrid_loss(torch.tensor([1.0, 3.0]), nll, lam=0.2)
     assert math.isclose(out["loss"].item(), 2.0 + 0.2 * nll.mean().item(), rel_tol=1e-6)
     assert hybrid_loss(torch.tensor([]), nll)["loss_dm"].item() == 0.0
+
+
+def test_distillspec_divergences_by_name_on_a_three_token_example():
+    """DIVERGENCES[name](log p, log q, beta): p the target, q the drafter (hand-computed)."""
+    from omnidraft.distill import DIVERGENCES
+
+    lp, lq = P.log(), Q.log()
+    p, q = P[0].tolist(), Q[0].tolist()
+    beta = 0.3
+    m = [beta * a + (1 - beta) * b for a, b in zip(p, q)]
+    expected = {
+        "fkl": 0.5 * math.log(0.5 / 0.2) + 0.3 * math.log(0.3 / 0.2) + 0.2 * math.log(0.2 / 0.6),
+        "rkl": 0.2 * math.log(0.2 / 0.5) + 0.2 * math.log(0.2 / 0.3) + 0.6 * math.log(0.6 / 0.2),
+        "jsd": beta * sum(a * math.log(a / c) for a, c in zip(p, m)) + (1 - beta) * sum(b * math.log(b / c) for b, c in zip(q, m)),
+        "tvd": 0.4,
+    }
+    assert set(DIVERGENCES) == set(expected)
+    for name, want in expected.items():
+        got = DIVERGENCES[name](lp, lq, beta=beta).item()
+        assert math.isclose(got, want, rel_tol=1e-5), (name, got, want)
+    assert not math.isclose(DIVERGENCES["fkl"](lp, lq).item(), DIVERGENCES["rkl"](lp, lq).item(), rel_tol=1e-3)

@@ -1,0 +1,240 @@
+"""``omnidraft bench``: every selected method on the same prompts, in ONE process.
+
+The target loads once and is shared; each method gets its own :class:`omnidraft.runner.Session`
+(its own drafter copy, since adapted, distilled and frozen drafters differ). After a warm-up, each
+prompt is decoded by every method in an order rotated per prompt, so machine drift hits all
+methods equally. Token counting is the harness's: new target tokens (EOS included) over the wall
+time of the whole generation (prefill included). Online methods (osd, omnidraft) keep adapting
+between prompts; their update time is reported apart and is not in their generation time.
+
+Per method: tokens/s, speedup against ``ar`` (ratio of totals, and the mean of per-prompt
+ratios), acceptance rate, mean accepted length, equality with ``ar`` token by token, peak RSS
+sampled after each of its generations, and framework overhead: the share of its generation wall
+time spent outside model forward passes (measured with forward hooks, omnidraft.profiling).
+Writes ``<out_dir>/<date>_<target>-<drafter>_<tasks>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from omnidraft.errors import OmniDraftError
+from omnidraft.loggers import JSONLLogger
+from omnidraft.profiling import ForwardTimer, peak_rss_gib, rss_gib
+
+KEYS = ("speed/speedup", "speed/speedup_mean_ratio", "speed/tok_per_s", "accept/rate", "accept/mean_len",
+        "lossless/match_rate", "overhead/share", "mem/peak_rss_gib")
+
+
+def check_bench(cfg: DictConfig) -> None:
+    b = cfg.bench
+    if not b.methods:
+        raise OmniDraftError("bench.methods is empty; list methods, e.g. bench.methods=[ar,spd_dm,omnidraft]")
+    if "ar" not in b.methods:
+        raise OmniDraftError("bench.methods must include ar: every speedup is a ratio against it")
+    conf = Path(__file__).resolve().parent.parent / "conf" / "method"
+    for m in b.methods:
+        if not (conf / f"{m}.yaml").exists():
+            known = ", ".join(sorted(p.stem for p in conf.glob("*.yaml")))
+            raise OmniDraftError(f"bench.methods has unknown method {m!r}; known: {known}")
+    if not b.tasks:
+        raise OmniDraftError("bench.tasks is empty; e.g. bench.tasks=[gsm8k,humaneval]")
+    if b.limit < 1:
+        raise OmniDraftError(f"bench.limit={b.limit} must be >= 1 (prompts per task)")
+
+
+def _base_overrides(cfg: DictConfig) -> list[str]:
+    """The command line's overrides (``cfg.overrides`` outside Hydra), minus the bench's own keys
+    and hydra's: each method's config is composed from them."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        ov = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        ov = list(cfg.get("overrides") or [])
+    return [o for o in ov if not o.lstrip("+~").startswith(("bench.", "hydra.", "hydra/", "run_dir="))]
+
+
+def method_config(name: str, task: str, cfg: DictConfig, base: list[str]) -> DictConfig:
+    """The full run config of one method on one task, composed like ``omnidraft method=<name>``."""
+    from hydra import compose
+
+    extra = list((cfg.bench.method_overrides or {}).get(name, []) or [])
+    over = [*base, f"method={name}", f"task={task}", f"task.limit={int(cfg.bench.limit)}",
+            f"run_dir={cfg.run_dir}", *extra]
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside `omnidraft bench`
+        c = compose("config", overrides=over)
+    else:  # called from Python (tests, notebooks)
+        from hydra import initialize_config_dir
+
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"),
+                                   version_base="1.3"):
+            c = compose("config", overrides=over)
+    from omnidraft.runner import check_config
+
+    check_config(c)
+    return c
+
+
+def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    tot = lambda k: sum(r[k] for r in rows)  # noqa: E731
+    wall, new = tot("wall_s"), tot("new_tokens")
+    ar_wall, ar_new = tot("ar_wall_s"), tot("ar_new_tokens")
+    prop = tot("proposed")
+    out = {
+        "speed/tok_per_s": new / wall if wall else 0.0,
+        "speed/speedup": (new / wall) / (ar_new / ar_wall) if wall and ar_new else 0.0,
+        "speed/speedup_mean_ratio": sum(r["speedup"] for r in rows) / len(rows),
+        "accept/rate": tot("accepted") / prop if prop else 0.0,
+        "accept/mean_len": new / max(1, tot("steps")),
+        "lossless/match_rate": sum(r["match_ar"] for r in rows) / len(rows),
+        "overhead/share": 1.0 - tot("forward_s") / wall if wall else 0.0,
+        "mem/peak_rss_gib": max(r["rss_gib"] for r in rows),
+        "time/wall_s": wall, "time/forward_s": tot("forward_s"), "time/adapt_s": tot("adapt_s"),
+        "n_prompts": len(rows), "new_tokens": new,
+    }
+    return out
+
+
+def run_bench(cfg: DictConfig) -> dict[str, Any]:
+    from omnidraft.runner import Session, _plain, start_run, task_templates
+    from omnidraft.tasks import load_stream, render
+
+    check_bench(cfg)
+    b = cfg.bench
+    base = _base_overrides(cfg)
+    run_dir, prov = start_run(cfg, list(base) + [f"bench.{k}={v}" for k, v in _plain(b).items()])
+    methods = list(b.methods)
+
+    from omnidraft.models import load_model
+
+    target = load_model(_plain(cfg.target), Path(cfg.paths.cache_dir))
+    sessions, cfgs = {}, {}
+    for m in tqdm(methods, desc="load methods", disable=not cfg.progress):
+        cfgs[m] = method_config(m, b.tasks[0], cfg, base)
+        sessions[m] = Session(cfgs[m], target=target)
+    prompts: list[tuple[str, str, list[int]]] = []  # (task, record id, target ids)
+    for task in b.tasks:
+        c = method_config("ar", task, cfg, base)
+        ref = Session(c, target=target)
+        templates = task_templates(c.task)
+        for r in load_stream(_plain(c.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed)):
+            ids = ref.prompt_ids(render(r, 0, templates))
+            ref.check_context(r.id, len(ids))
+            prompts.append((task, r.id, ids))
+    n_new = int(cfg.decode.max_new_tokens)
+
+    for m in methods:  # warm-up: allocator, kernels, tokenizer caches; nothing learned, nothing logged
+        with sessions[m].paused():
+            for _, _, ids in prompts[: int(b.warmup_prompts)]:
+                sessions[m].generate(ids, max_new_tokens=16)
+
+    log = JSONLLogger(run_dir / "metrics.jsonl")
+    rows: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    status = "ok"
+    result: dict[str, Any] = {}
+    try:
+        bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="gen", disable=not cfg.progress)
+        for i, (task, rid, ids) in enumerate(prompts):
+            order = methods[i % len(methods):] + methods[: i % len(methods)]
+            outs = {}
+            for m in order:
+                s = sessions[m]
+                models = [s.target.model] + ([s.draft_lm.model] if s.draft_lm is not None else [])
+                seed = int(cfg.seed) * 1_000_003 + i
+                with ForwardTimer(models) as ft:
+                    res = s.generate(ids, seed=seed, max_new_tokens=n_new)
+                outs[m] = (res, ft.forward_s, rss_gib())
+                bar.update(1)
+            ar = outs["ar"][0]
+            for m in methods:
+                res, fwd, rss = outs[m]
+                upd = sessions[m].after_prompt(i)
+                row = {"method": m, "task": task, "prompt/id": rid, "prompt/index": i,
+                       "new_tokens": res.n_new, "wall_s": res.wall_s, "steps": len(res.steps),
+                       "proposed": res.proposed, "accepted": res.accepted, "forward_s": fwd,
+                       "ar_new_tokens": ar.n_new, "ar_wall_s": ar.wall_s,
+                       "speedup": (res.n_new / res.wall_s) / (ar.n_new / ar.wall_s) if res.wall_s and ar.n_new else 0.0,
+                       "match_ar": res.tokens == ar.tokens, "rss_gib": rss,
+                       "adapt_s": upd.get("adapt/update_s", 0.0)}
+                rows[m].append(row)
+                log.log(row, step=i)
+        bar.close()
+    except BaseException as e:
+        status = f"failed: {type(e).__name__}: {e}"
+        raise
+    finally:
+        done = min((len(r) for r in rows.values()), default=0)
+        result = {
+            "methods": {m: _agg(rows[m][:done]) for m in methods} if done else {},
+            "per_task": {t: {m: _agg([r for r in rows[m][:done] if r["task"] == t]) for m in methods}
+                         for t in b.tasks if any(r["task"] == t for r in rows[methods[0]][:done])} if done else {},
+            "status": status, "n_prompts": done, "tasks": list(b.tasks), "limit_per_task": int(b.limit),
+            "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
+            "max_new_tokens": n_new, "temperature": float(cfg.method.temperature),
+            "method_overrides": _plain(b.method_overrides), "process_peak_rss_gib": peak_rss_gib(),
+            "provenance": prov,
+        }
+        write_outputs(result, Path(b.out_dir), b.name, run_dir)
+        log.close()
+    return result
+
+
+def _stem(result: dict[str, Any], name: str | None) -> str:
+    if name:
+        return name
+    date = dt.date.today().isoformat()
+    return f"{date}_{result['target']}-{result['drafter']}_{'-'.join(result['tasks'])}"
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path, name: str | None, run_dir: Path) -> Path:
+    """JSON + Markdown table (the table is generated from the JSON, never typed)."""
+    stem = _stem(result, name)
+    for d in (out_dir, run_dir):
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f"{stem}.json.tmp"
+        tmp.write_text(json.dumps(result, indent=2, default=str))
+        os.replace(tmp, d / f"{stem}.json")
+        (d / f"{stem}.md").write_text(markdown(result))
+    return out_dir / f"{stem}.json"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cols = ["method", "tok/s", "speedup", "speedup (mean of ratios)", "accept rate", "mean accepted len",
+            "equal to ar", "overhead", "peak RSS GiB", "adapt s"]
+    lines = [f"# Bench: {result['target']} <- {result['drafter']}, tasks {', '.join(result['tasks'])}",
+             "", f"{result['n_prompts']} prompts ({result['limit_per_task']} per task), "
+             f"{result['max_new_tokens']} new tokens, temperature {result['temperature']}, status {result['status']}. "
+             f"Git {str(result['provenance'].get('git_hash'))[:10]}"
+             f"{' (dirty)' if result['provenance'].get('git_dirty') else ''}, "
+             f"{result['provenance'].get('cpu')}, torch threads {result['provenance'].get('torch_threads')}.", ""]
+
+    def table(ms: dict[str, Any]) -> list[str]:
+        out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for m, a in ms.items():
+            out.append(f"| {m} | {a['speed/tok_per_s']:.2f} | {a['speed/speedup']:.3f}x | "
+                       f"{a['speed/speedup_mean_ratio']:.3f}x | {a['accept/rate']:.3f} | {a['accept/mean_len']:.2f} | "
+                       f"{a['lossless/match_rate']:.2f} | {a['overhead/share']:.1%} | {a['mem/peak_rss_gib']:.2f} | "
+                       f"{a['time/adapt_s']:.1f} |")
+        return out
+
+    if result["methods"]:
+        lines += ["## All prompts", ""] + table(result["methods"])
+        for t, ms in result.get("per_task", {}).items():
+            lines += ["", f"## {t}", ""] + table(ms)
+    lines += ["", "Speedup: tokens/s of the method over tokens/s of ar on the same prompts (ratio of totals). "
+              "Overhead: share of the method's generation wall time outside model forward passes. "
+              "Peak RSS: the process's resident memory sampled after each of the method's generations "
+              "(all methods share one process and one target)."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,203 @@
+"""Baselines in the same harness: transformers' assisted generation (uag), prompt lookup (pld),
+Online Speculative Decoding (osd), DistillSpec (offline distillation) and the one-process bench."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from omnidraft.config import register_configs
+from omnidraft.decode import generate
+from omnidraft.drafters import NgramDrafter, PromptLookupDrafter
+from omnidraft.hf_assisted import HFAssisted
+from omnidraft.ngram_cache import Merged
+from omnidraft.online import OnlineLearner
+
+from conftest import CONF_DIR, PROMPTS, aligned_drafter, eos_of
+
+N_NEW = 20
+
+
+def _cfg(name, *over):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(name, overrides=["debug=tiny", *over])
+
+
+@pytest.mark.parametrize("settings", [{}, {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic"}])
+def test_uag_greedy_equals_ar_and_counts_steps(pair_llama2_qwen, settings):
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    eos = eos_of(ttok)
+    eng = HFAssisted(target, drafter, ttok, dtok, **settings)
+    accepted = 0
+    for text in PROMPTS[:8]:
+        ids = ttok.encode(text, add_special_tokens=True)
+        ar = generate(target, ids, max_new_tokens=N_NEW, eos_ids=eos)
+        res = eng.generate(ids, max_new_tokens=N_NEW, eos_ids=eos)
+        assert res.tokens == ar.tokens, text
+        assert sum(s.emitted for s in res.steps) == len(res.tokens)
+        assert all(0 <= s.accepted <= s.proposed for s in res.steps)
+        accepted += res.accepted
+    assert accepted > 0  # the aligned drafter's candidates do get accepted
+    assert drafter.generation_config is not eng.assistant_config  # restored after each call
+
+
+def test_uag_draft_length_is_read_by_transformers(pair_llama2_qwen):
+    """num_assistant_tokens set on the assistant's generation_config bounds the candidates."""
+    target, ttok, drafter, dtok, _ = pair_llama2_qwen
+    eos = eos_of(ttok)
+    per_step = {}
+    for n in (1, 8):
+        eng = HFAssisted(target, drafter, ttok, dtok, num_assistant_tokens=n,
+                         num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        steps = [s for text in PROMPTS[:6]
+                 for s in eng.generate(ttok.encode(text), max_new_tokens=N_NEW, eos_ids=eos).steps[1:]]
+        per_step[n] = sum(s.proposed for s in steps) / len(steps)
+    assert per_step[8] > per_step[1] + 1
+
+
+def test_prompt_lookup_proposes_the_continuation_and_is_lossless(qwen_tiny):
+    d = PromptLookupDrafter(100, {99})
+    d.start([5, 6, 7, 8, 9, 5, 6])
+    assert d.propose(3, 0.0, None).ids == [7, 8, 9]  # the bigram (5, 6) occurred before
+    d.start([1, 2, 99, 3, 1, 2])
+    assert d.propose(5, 0.0, None).ids == [99]  # stops after a target EOS
+    d.start([1, 2, 3])
+    assert d.propose(5, 0.0, None).ids == []
+    target, ttok = qwen_tiny
+    eos = eos_of(ttok)
+    for text in PROMPTS[:10]:
+        ids = ttok.encode(text + " " + text)  # repeated text: lookups hit
+        ar = generate(target, ids, max_new_tokens=N_NEW, eos_ids=eos)
+        sd = generate(target, ids, drafter=PromptLookupDrafter(target.config.vocab_size, eos), k=4,
+                      max_new_tokens=N_NEW, eos_ids=eos)
+        assert sd.tokens == ar.tokens
+
+
+def _osd(pair):
+    target, ttok, _, dtok, bridge = pair
+    drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)
+    learner = OnlineLearner(drafter, bridge, loss="fkl", positions="rejected", lam=0.0, lr=1e-3,
+                            weight_decay=0.0, batch_size=4)
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, eos_of(ttok), learn=False, learner=learner)
+    return target, ttok, drafter, bridge, learner, d
+
+
+def test_osd_trains_only_on_rejected_positions(pair_llama2_qwen):
+    target, ttok, drafter, bridge, learner, _ = _osd(pair_llama2_qwen)
+    mapped = torch.nonzero(bridge.draft_mask).squeeze(1)[100:103].tolist()
+    merged = [Merged(bridge.to_target(d), j, j + 1) for j, d in enumerate(mapped)]
+    ctx = [1, 2, 3, 4]
+    logits = torch.randn(4, target.config.vocab_size, generator=torch.Generator().manual_seed(0))
+
+    def loss_with(tl, n_accepted):
+        learner.buffer.clear()
+        learner.begin_sequence()
+        learner.record(ctx, mapped, merged, tl, n_accepted)
+        with torch.no_grad():
+            return [ex.dm_pos for ex in learner.buffer], float(learner.losses(list(learner.buffer))["loss"])
+
+    pos, base = loss_with(logits, 1)
+    assert pos == [[1]]  # only the first rejected proposal
+    changed = logits.clone()
+    changed[0] += 5 * torch.randn(changed.shape[1], generator=torch.Generator().manual_seed(1))  # an accepted row
+    changed[2] += 5 * torch.randn(changed.shape[1], generator=torch.Generator().manual_seed(2))  # after the rejection
+    assert loss_with(changed, 1)[1] == pytest.approx(base, abs=1e-6)
+    changed[1] += 5 * torch.randn(changed.shape[1], generator=torch.Generator().manual_seed(3))  # the rejected row
+    assert loss_with(changed, 1)[1] != pytest.approx(base, abs=1e-3)
+    assert loss_with(logits, 3)[0] == []  # all accepted: nothing to learn
+
+
+def test_osd_greedy_stays_lossless_and_learns(pair_llama2_qwen):
+    target, ttok, drafter, _, learner, d = _osd(pair_llama2_qwen)
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    eos = eos_of(ttok)
+    for i, text in enumerate(PROMPTS[:6]):
+        ids = ttok.encode(text)
+        assert generate(target, ids, drafter=d, k=4, max_new_tokens=16, eos_ids=eos).tokens == \
+            generate(target, ids, max_new_tokens=16, eos_ids=eos).tokens
+        if i % 3 == 2:
+            batch = list(learner.buffer)
+            assert batch and all(len(ex.dm_pos) == 1 for ex in batch)
+            with torch.no_grad():
+                lb = float(learner.losses(batch)["loss"])
+            learner.update(progress=False)
+            with torch.no_grad():
+                assert float(learner.losses(batch)["loss"]) < lb
+    assert any(not torch.equal(before[k], v) for k, v in drafter.state_dict().items())
+
+
+def test_aligned_positions_with_real_tokenizers(pair_llama2_qwen):
+    from omnidraft.distillspec import aligned_positions
+    from omnidraft.vocab import Retokenizer
+
+    _, ttok, _, dtok, bridge = pair_llama2_qwen
+    text = " stamps and 12 apples"
+    t_ids = ttok.encode(text, add_special_tokens=False)
+    d_ids = Retokenizer(dtok, bridge.draft_bytes, bridge.draft_bytes_to_id).encode(text)
+    pairs = aligned_positions(t_ids, d_ids, bridge)
+    assert pairs
+    for j, i in pairs:  # same bytes, same offset, directly mapped
+        assert bridge.draft_bytes[d_ids[j]] == bridge.target_bytes[t_ids[i]]
+        assert bridge.to_target(d_ids[j]) == t_ids[i]
+        assert bridge.target_text_bytes(t_ids[:i]) == b"".join(bridge.draft_bytes[d] for d in d_ids[:j])
+    # ' stamps' is one Qwen2 token but two Llama-2 tokens ('▁st', 'amps'): not a training position
+    spelled = {bridge.target_bytes[t_ids[i]] for _, i in pairs}
+    assert b" stamps" not in spelled and b" and" in spelled
+    assert aligned_positions(t_ids, d_ids[:-1], bridge) == []  # different text: nothing aligns
+
+
+@pytest.mark.parametrize("data", ["drafter", "target"])
+def test_distill_then_serve_distillspec(tmp_path, data):
+    from omnidraft import state as state_io
+    from omnidraft.distill_runner import run_distill
+    from omnidraft.runner import Session
+
+    s = run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=2", "task.limit=3",
+                         f"distill.data={data}", "distill.max_new_tokens=16", "distill.epochs=3",
+                         "distill.lr=1e-3", "progress=false"))
+    assert s["status"] == "ok" and s["distill/n_examples"] >= 1 and s["distill/positions"] > 0
+    assert s["distill/loss_after"] < s["distill/loss_before"]
+    saved = state_io.load(tmp_path / "d" / "state")
+    sess = Session(_cfg("config", f"run_dir={tmp_path / 'r'}", "method=distillspec",
+                        f"drafter.init_state={tmp_path / 'd' / 'state'}"))
+    params = dict(sess.draft_lm.model.named_parameters())
+    assert all(torch.equal(params[k[6:]], v.to(params[k[6:]].dtype)) for k, v in saved.tensors.items())
+    ids = sess.prompt_ids("Hello there")
+    assert sess.generate(ids, max_new_tokens=12).tokens == sess.generate(ids, baseline=True, max_new_tokens=12).tokens
+
+
+def test_distillspec_without_a_checkpoint_is_refused(tmp_path):
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.runner import check_config
+
+    with pytest.raises(OmniDraftError, match="omnidraft distill"):
+        check_config(_cfg("config", f"run_dir={tmp_path}", "method=distillspec"))
+
+
+def test_bench_runs_every_method_in_one_process(tmp_path):
+    from omnidraft.bench import KEYS, run_bench
+    from omnidraft.distill_runner import run_distill
+
+    run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=2", "task.limit=2",
+                     "distill.max_new_tokens=8", "progress=false"))
+    methods = ["ar", "spd_dm", "uag", "uag_k5", "pld", "osd", "distillspec", "omnidraft"]
+    res = run_bench(_cfg("bench", "overrides=['debug=tiny']", f"run_dir={tmp_path / 'run'}", f"bench.out_dir={tmp_path / 'out'}",
+                         "bench.name=tiny", "bench.tasks=[synthetic]", "bench.limit=2", "decode.max_new_tokens=10",
+                         f"bench.methods=[{','.join(methods)}]", "method.adapt.interval=1", "progress=false",
+                         f"bench.method_overrides.distillspec=['drafter.init_state={tmp_path / 'd' / 'state'}']",
+                         "bench.method_overrides.osd=['method.adapt.interval=1']"))
+    assert res["status"] == "ok" and res["n_prompts"] == 2 and list(res["methods"]) == methods
+    for m, a in res["methods"].items():
+        assert all(k in a for k in KEYS), m
+        assert a["lossless/match_rate"] == 1.0, m  # greedy: every method emits ar's tokens
+        assert 0.0 <= a["overhead/share"] < 1.0 and a["mem/peak_rss_gib"] > 0
+    assert res["methods"]["ar"]["speed/speedup"] == pytest.approx(1.0)
+    assert res["methods"]["osd"]["time/adapt_s"] > 0  # osd updated between prompts
+    on_disk = json.loads((tmp_path / "out" / "tiny.json").read_text())
+    assert set(on_disk) >= {"methods", "provenance"} and "| omnidraft |" in (tmp_path / "out" / "tiny.md").read_text()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * len(methods)
