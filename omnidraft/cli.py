@@ -90,14 +90,23 @@ def _run(config_name: str, cfg):
     return run(cfg)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> None:
     """Console entry point."""
+    import signal
+
     import hydra
     from omegaconf import DictConfig
 
     from omnidraft.config import register_configs
     from omnidraft.errors import OmniDraftError
 
+    # SIGTERM (kill, SLURM's time limit) unwinds like Ctrl-C: summaries and results of the prompts
+    # finished so far are written before the process exits.
+    signal.signal(signal.SIGTERM, _interrupt)
     argv = sys.argv[1:]
     config_name = "config"
     if argv and argv[0] in ("distill", "bench"):

@@ -80,3 +80,30 @@ def test_subcommand_bad_input(tmp_path, args, needles):
     proc = subprocess.run([sys.executable, "-m", "omnidraft", *args, f"hydra.run.dir={tmp_path}/run"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     _one_error_line(proc, *needles)
+
+
+def test_sigterm_keeps_what_was_computed(tmp_path):
+    """kill (or SLURM's time limit) mid-stream: one error line, and summary.json holds the prompts
+    finished so far."""
+    import signal
+    import time
+
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    proc = subprocess.Popen([sys.executable, "-m", "omnidraft", "debug=tiny", "task.limit=200", "logger=none", "progress=false",
+                             f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read()[-2000:]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in err
+    assert [ln for ln in err.splitlines() if ln.startswith("omnidraft: error:")] == \
+        ["omnidraft: error: interrupted; metrics.jsonl and summary.json hold the prompts finished so far"]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["status"].startswith("failed: KeyboardInterrupt") and s["n_prompts"] >= 2
+    assert s["n_prompts"] == len(metrics.read_text().splitlines())
