@@ -149,22 +149,26 @@ class OnlineLearner:
         """Store one step. ``target_logits`` row i is the target's distribution for proposal i."""
         if not merged:
             return
-        dm_rows, dm_pos, ngrams = [], [], []
-        logp_all = torch.log_softmax(target_logits[: len(merged)].float(), -1)
+        dm_rows, dm_pos, ng_rows = [], [], []
         for i, m in enumerate(merged):
             if self.positions == "rejected" and i != n_accepted:
                 continue  # OSD: only the first rejected proposal (none when all were accepted)
             if m.is_ngram:
                 if i < n_accepted:
-                    ngrams.append((m.start, m.end, float(logp_all[i, m.target_id])))
+                    ng_rows.append(i)
             else:
                 dm_rows.append(i)
                 dm_pos.append(m.start)
-        if not dm_rows and not ngrams:
+        if not dm_rows and not ng_rows:
             return
+        # Normalise only the rows kept (a full-vocabulary log-softmax per row is the costly part).
+        ng_logp = torch.log_softmax(target_logits[ng_rows].float(), -1) if ng_rows else None
+        ngrams = [(merged[i].start, merged[i].end, float(ng_logp[r, merged[i].target_id]))
+                  for r, i in enumerate(ng_rows)]
+        dm_all = torch.log_softmax(target_logits[dm_rows].float(), -1)
         cols = self.cols.to(target_logits.device)
-        logp = logp_all[dm_rows][:, cols]
-        top = logp_all[dm_rows].argmax(-1)
+        logp = dm_all[:, cols]
+        top = dm_all.argmax(-1)
         col = torch.searchsorted(cols, top).clamp(max=len(cols) - 1)
         dm_top = torch.where(cols[col] == top, col, -1).tolist()
         self.buffer.append(Example(self._seq, list(ctx), list(drafts), dm_pos,

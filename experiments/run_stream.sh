@@ -1,0 +1,17 @@
+#!/bin/bash
+# Run, or resume after an interruption, one 200-prompt GSM8K stream (64 new tokens, ar on every
+# 5th prompt, checkpoint every 5 prompts), pinned to one CPU core with one thread, so that two
+# streams share a 2-core machine without thrashing.
+#   bash experiments/run_stream.sh GROUP NAME CORE [overrides...]    -> results/GROUP/NAME/
+#   bash experiments/run_stream.sh core spd_dm 0 method=spd_dm               (issue 3)
+#   bash experiments/run_stream.sh adaptive sv_joint 1 drafter=qwen25_coder_05b ablation=adaptive_joint  (issue 5)
+# Writes summary.json, config.yaml, metrics.jsonl; state/ is the checkpoint (git-ignored).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+group=$1; name=$2; core=$3; shift 3
+dir=results/$group/$name
+resume=false
+[ -f "$dir/state/meta.json" ] && resume=true
+OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 exec taskset -c "$core" .venv/bin/omnidraft "$@" task.limit=200 \
+  decode.max_new_tokens=64 baseline_every=5 threads=1 checkpoint_every=5 logger=none resume=$resume \
+  hydra.run.dir="$dir"
