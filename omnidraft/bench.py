@@ -1,7 +1,8 @@
 """``omnidraft bench``: every selected method on the same prompts, in ONE process.
 
-The target loads once and is shared; each method gets its own :class:`omnidraft.runner.Session`
-(its own drafter copy, since adapted, distilled and frozen drafters differ). After a warm-up, each
+The target loads once and is shared; each method gets its own :class:`omnidraft.runner.Session`;
+methods whose drafter trains or starts from a saved state get their own drafter copy, the frozen
+base drafter is loaded once for all the others. After a warm-up, each
 prompt is decoded by every method in an order rotated per prompt, so machine drift hits all
 methods equally. Token counting is the harness's: new target tokens (EOS included) over the wall
 time of the whole generation (prefill included). Online methods (osd, omnidraft) keep adapting
@@ -108,7 +109,7 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_bench(cfg: DictConfig) -> dict[str, Any]:
-    from omnidraft.runner import Session, _plain, start_run, task_templates
+    from omnidraft.runner import Session, _plain, start_run, task_templates, uses_draft_model
     from omnidraft.tasks import load_stream, render
 
     check_bench(cfg)
@@ -120,10 +121,15 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
     from omnidraft.models import load_model
 
     target = load_model(_plain(cfg.target), Path(cfg.paths.cache_dir))
-    sessions, cfgs = {}, {}
+    sessions, shared = {}, {}
     for m in tqdm(methods, desc="load methods", disable=not cfg.progress):
-        cfgs[m] = method_config(m, b.tasks[0], cfg, base)
-        sessions[m] = Session(cfgs[m], target=target)
+        c = method_config(m, b.tasks[0], cfg, base)
+        draft = None
+        if uses_draft_model(c.method) and not c.method.adapt.enabled and not c.drafter.init_state:
+            if c.drafter.name not in shared:  # frozen base drafter: one copy serves spd_dm, uag, uag_k5, ...
+                shared[c.drafter.name] = load_model(_plain(c.drafter), Path(cfg.paths.cache_dir))
+            draft = shared[c.drafter.name]
+        sessions[m] = Session(c, target=target, draft=draft)
     prompts: list[tuple[str, str, list[int]]] = []  # (task, record id, target ids)
     for task in b.tasks:
         c = method_config("ar", task, cfg, base)

@@ -1,5 +1,5 @@
 """transformers' own assisted generation as a baseline (``uag``, ``uag_k5``), measured like every
-other method.
+other method. (With a drafter that shares the target's tokenizer it is plain assisted generation.)
 
 With two tokenizers, ``model.generate(assistant_model=..., tokenizer=..., assistant_tokenizer=...)``
 runs transformers' cross-tokenizer assisted generation (greedy: text re-encoding between the two
@@ -46,7 +46,11 @@ class HFAssisted:
             if v is not None:
                 setattr(gc, key, v)
         self.assistant_config = gc
-        self.same_tokenizer = False
+        from omnidraft.vocab import tokenizer_hash
+
+        # One tokenizer: transformers' plain assisted generation (passing both tokenizers would
+        # force its text re-encoding path for nothing).
+        self.same_tokenizer = tokenizer_hash(target_tokenizer) == tokenizer_hash(assistant_tokenizer)
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, eos_ids: set[int],
                  temperature: float = 0.0, generator: torch.Generator | None = None) -> GenerationResult:
@@ -76,9 +80,10 @@ class HFAssisted:
         try:
             t0 = time.perf_counter()
             with torch.no_grad():
+                toks = {} if self.same_tokenizer else {"tokenizer": self.target_tokenizer,
+                                                        "assistant_tokenizer": self.assistant_tokenizer}
                 seq = self.target.generate(x, attention_mask=torch.ones_like(x), **gen,
-                                           assistant_model=self.assistant, tokenizer=self.target_tokenizer,
-                                           assistant_tokenizer=self.assistant_tokenizer)
+                                           assistant_model=self.assistant, **toks)
             wall = time.perf_counter() - t0
         finally:
             for h in handles:

@@ -171,8 +171,9 @@ def uses_draft_model(m) -> bool:
 class Session:
     """Loaded models + drafter for one (target, drafter, method): what notebooks use."""
 
-    def __init__(self, cfg: DictConfig, target: LoadedModel | None = None):
-        """``target``: an already loaded target to share (the bench loads it once for all methods)."""
+    def __init__(self, cfg: DictConfig, target: LoadedModel | None = None, draft: LoadedModel | None = None):
+        """``target`` / ``draft``: already loaded models to share (the bench loads the target once,
+        and one frozen base drafter for every method that neither trains nor loads a state)."""
         self.cfg = cfg
         cache = Path(cfg.paths.cache_dir)
         self.target: LoadedModel = target if target is not None else load_model(_plain(cfg.target), cache)
@@ -191,13 +192,13 @@ class Session:
         elif m.engine == "hf_assisted":
             from omnidraft.hf_assisted import HFAssisted
 
-            self.draft_lm = load_model(_plain(cfg.drafter), cache)
+            self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
             if cfg.drafter.init_state:
                 state_io.load_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state).tensors)
             self.hf = HFAssisted(self.target.model, self.draft_lm.model, self.target.tokenizer,
                                  self.draft_lm.tokenizer, **_plain(m.hf))
         elif m.name != "ar":
-            self.draft_lm = load_model(_plain(cfg.drafter), cache)
+            self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
             if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
                 raise OmniDraftError(
                     f"method=sd needs a drafter that shares the target's tokenizer; {cfg.drafter.name} "

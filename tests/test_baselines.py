@@ -45,6 +45,24 @@ def test_uag_greedy_equals_ar_and_counts_steps(pair_llama2_qwen, settings):
     assert drafter.generation_config is not eng.assistant_config  # restored after each call
 
 
+def test_uag_same_tokenizer_uses_plain_assisted_generation(qwen_tiny, cache_dir):
+    from omnidraft.vocab import build_bridge
+
+    target, ttok = qwen_tiny
+    drafter = aligned_drafter(target, build_bridge(ttok, ttok, cache_dir), len(ttok), noise=0.05)
+    eng = HFAssisted(target, drafter, ttok, ttok, num_assistant_tokens=4, assistant_confidence_threshold=0.0)
+    assert eng.same_tokenizer
+    eos = eos_of(ttok)
+    accepted = 0
+    for text in PROMPTS[:4]:
+        ids = ttok.encode(text)
+        res = eng.generate(ids, max_new_tokens=N_NEW, eos_ids=eos)
+        assert res.tokens == generate(target, ids, max_new_tokens=N_NEW, eos_ids=eos).tokens
+        assert sum(s.emitted for s in res.steps) == len(res.tokens)
+        accepted += res.accepted
+    assert accepted > 0
+
+
 def test_uag_draft_length_is_read_by_transformers(pair_llama2_qwen):
     """num_assistant_tokens set on the assistant's generation_config bounds the candidates."""
     target, ttok, drafter, dtok, _ = pair_llama2_qwen
