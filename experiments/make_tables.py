@@ -1,0 +1,77 @@
+"""Markdown tables generated from result files (never typed by hand).
+
+    .venv/bin/python experiments/make_tables.py core        # results/core/*/summary.json -> results/core/table.md
+    .venv/bin/python experiments/make_tables.py adaptive    # results/adaptive/*/summary.json -> results/adaptive/table.md
+
+A summary written while its stream was still running (or without one: the stream's
+metrics.jsonl alone) is summarised from metrics.jsonl and marked partial.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDER = {"core": ["spd_dm", "cache_pp", "dm_only", "omnidraft", "lora"],
+         "adaptive": ["sv_fixed", "sv_heuristic", "sv_joint", "sv_interleaved", "xv_fixed", "xv_joint"]}
+ALIAS = {("adaptive", "xv_fixed"): ("core", "omnidraft")}  # the same stream serves both tables
+COLS = {
+    "core": [("prompts", "n_prompts", "d"), ("acc first window", "accept/rate_first_window", ".3f"),
+             ("acc last window", "accept/rate_last_window", ".3f"), ("acc all", "accept/rate", ".3f"),
+             ("mean accepted len", "accept/mean_len", ".2f"), ("speedup", "speed/speedup", ".2f"),
+             ("n-gram hits/step", "ngram/hits_per_step", ".3f"), ("cache size", "ngram/size", "d"),
+             ("updates", "adapt/n_updates", "d"), ("update share", "adapt/time_share", ".1%"),
+             ("equal to ar", "lossless/match_rate", ".2f")],
+    "adaptive": [("prompts", "n_prompts", "d"), ("acc", "accept/rate", ".3f"),
+                 ("acc last window", "accept/rate_last_window", ".3f"), ("mean accepted len", "accept/mean_len", ".2f"),
+                 ("mean draft len", "draft/mean_len", ".2f"), ("speedup", "speed/speedup", ".2f"),
+                 ("head pred", "head/pred_accept", ".3f"), ("head obs", "head/obs_accept", ".3f"),
+                 ("equal to ar", "lossless/match_rate", ".2f")],
+}
+
+
+def load(run: Path) -> tuple[dict, bool]:
+    """(summary, partial). Summaries are recomputed from metrics.jsonl when the run is unfinished."""
+    sys.path.insert(0, str(ROOT))
+    from omnidraft.metrics import summarise
+
+    s = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
+    done = s.get("status") == "ok" and s.get("n_prompts") == len(rows)
+    if not done and rows:
+        s = {**s, **summarise(rows, True, 50)}
+    return s, not done
+
+
+def fmt(v, f: str) -> str:
+    if v is None:
+        return "-"
+    return format(int(v), "d") if f == "d" else format(v, f)
+
+
+def table(group: str) -> str:
+    runs = [ROOT / "results" / Path(*ALIAS.get((group, n), (group, n))) for n in ORDER[group]]
+    cols = COLS[group]
+    lines = ["| run | " + " | ".join(c for c, _, _ in cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for run in runs:
+        if not (run / "metrics.jsonl").exists():
+            lines.append(f"| {run.name} | " + " | ".join("not run" if i == 0 else "" for i in range(len(cols))) + " |")
+            continue
+        s, partial = load(run)
+        name = run.name if run.parent.name == group else f"{run.parent.name}/{run.name}"
+        name += " (partial)" if partial else ""
+        lines.append(f"| {name} | " + " | ".join(fmt(s.get(k), f) for _, k, f in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    group = sys.argv[1] if len(sys.argv) > 1 else "core"
+    if group not in ORDER:
+        sys.exit(f"make_tables: unknown group {group!r}; use one of {', '.join(ORDER)}")
+    out = ROOT / "results" / group / "table.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = table(group)
+    out.write_text(text)
+    print(text)
