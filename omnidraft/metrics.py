@@ -75,8 +75,10 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
         up = tot("adapt/update_s")
         s["adapt/time_share"] = up / (up + tot("sd/wall_s") + tot("ar/wall_s"))
         s["adapt/n_updates"] = sum("adapt/update_s" in r for r in rows)
-    if any("draft/mean_len" in r for r in rows):
-        s["draft/mean_len"] = sum(r.get("draft/mean_len", 0) * r["sd/steps"] for r in rows) / steps if steps else 0.0
+    dr = [r for r in rows if "draft/mean_len" in r]  # rows logged by code that counted drafted tokens
+    if dr:
+        dsteps = sum(r["sd/steps"] for r in dr)
+        s["draft/mean_len"] = sum(r["draft/mean_len"] * r["sd/steps"] for r in dr) / dsteps if dsteps else 0.0
     if any("head/pred_accept" in r for r in rows):
         hr = [r for r in rows if "head/pred_accept" in r]
         n = sum(r["head/n"] for r in hr)
