@@ -10,8 +10,10 @@ between prompts; their update time is reported apart and is not in their generat
 
 Per method: tokens/s, speedup against ``ar`` (ratio of totals, and the mean of per-prompt
 ratios), acceptance rate, mean accepted length, equality with ``ar`` token by token, peak RSS
-sampled after each of its generations, and framework overhead: the share of its generation wall
-time spent outside model forward passes (measured with forward hooks, omnidraft.profiling).
+sampled after each of its generations (process-wide: mostly common to all methods), the memory
+only it holds (``mem/own_gib``: own drafter copy, training copy, optimiser state), and framework
+overhead: the share of its generation wall time spent outside model forward passes (measured with
+forward hooks, omnidraft.profiling).
 Writes ``<out_dir>/<date>_<target>-<drafter>_<tasks>.json`` and ``.md``.
 """
 
@@ -51,6 +53,18 @@ def check_bench(cfg: DictConfig) -> None:
         raise OmniDraftError("bench.tasks is empty; e.g. bench.tasks=[gsm8k,humaneval]")
     if b.limit < 1:
         raise OmniDraftError(f"bench.limit={b.limit} must be >= 1 (prompts per task)")
+    for m, over in (b.method_overrides or {}).items():
+        bad = [o for o in (over or []) if o.lstrip("+~").startswith(("target", "task", "decode", "seed"))]
+        if bad:
+            raise OmniDraftError(f"bench.method_overrides.{m} sets {bad[0]!r}: target, task, decoding and seed are "
+                                 "shared by every method of a bench; set them for the whole bench")
+    base = _base_overrides(cfg)
+    for m in b.methods:  # every method's own config, checked before any model loads
+        for task in b.tasks:
+            try:
+                method_config(m, task, cfg, base)
+            except OmniDraftError as e:
+                raise OmniDraftError(f"bench method {m!r} on {task}: {e}") from None
 
 
 def _base_overrides(cfg: DictConfig) -> list[str]:
@@ -71,7 +85,7 @@ def method_config(name: str, task: str, cfg: DictConfig, base: list[str]) -> Dic
 
     extra = list((cfg.bench.method_overrides or {}).get(name, []) or [])
     over = [*base, f"method={name}", f"task={task}", f"task.limit={int(cfg.bench.limit)}",
-            f"run_dir={cfg.run_dir}", *extra]
+            "run_dir=unused", *extra]  # a method's own run_dir is not used: the bench writes its files
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():  # inside `omnidraft bench`
@@ -86,6 +100,29 @@ def method_config(name: str, task: str, cfg: DictConfig, base: list[str]) -> Dic
 
     check_config(c)
     return c
+
+
+def own_memory_gib(sess, shared) -> float:
+    """Memory held by one method alone (GiB): its own drafter copy (not a shared one), its fp32
+    training copy and optimiser state. The target and shared drafters are common to all methods."""
+    seen: set[int] = set()
+
+    def size(tensors) -> int:
+        n = 0
+        for t in tensors:
+            if torch.is_tensor(t) and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                n += t.numel() * t.element_size()
+        return n
+
+    shared_ids = {id(s) for s in shared}
+    total = 0
+    if sess.draft_lm is not None and id(sess.draft_lm) not in shared_ids:
+        total += size(sess.draft_lm.model.parameters())
+    if sess.learner is not None:
+        total += size(sess.learner.train_model.parameters())
+        total += size(v for st in sess.learner.opt.state.values() for v in st.values())
+    return total / 2**30
 
 
 def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,9 +163,10 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
         c = method_config(m, b.tasks[0], cfg, base)
         draft = None
         if uses_draft_model(c.method) and not c.method.adapt.enabled and not c.drafter.init_state:
-            if c.drafter.name not in shared:  # frozen base drafter: one copy serves spd_dm, uag, uag_k5, ...
-                shared[c.drafter.name] = load_model(_plain(c.drafter), Path(cfg.paths.cache_dir))
-            draft = shared[c.drafter.name]
+            key = json.dumps(_plain(c.drafter), sort_keys=True)  # one copy serves spd_dm, uag, uag_k5, ...
+            if key not in shared:
+                shared[key] = load_model(_plain(c.drafter), Path(cfg.paths.cache_dir))
+            draft = shared[key]
         sessions[m] = Session(c, target=target, draft=draft)
     prompts: list[tuple[str, str, list[int]]] = []  # (task, record id, target ids)
     for task in b.tasks:
@@ -137,7 +175,8 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
         templates = task_templates(c.task)
         for r in load_stream(_plain(c.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed)):
             ids = ref.prompt_ids(render(r, 0, templates))
-            ref.check_context(r.id, len(ids))
+            for sess in sessions.values():  # the drafters' contexts too
+                sess.check_context(r.id, len(ids))
             prompts.append((task, r.id, ids))
     n_new = int(cfg.decode.max_new_tokens)
 
@@ -182,9 +221,11 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
         raise
     finally:
         done = min((len(r) for r in rows.values()), default=0)
+        own_gib = {m: own_memory_gib(sessions[m], shared.values()) for m in methods}  # optimiser state exists now
         result = {
-            "methods": {m: _agg(rows[m][:done]) for m in methods} if done else {},
-            "per_task": {t: {m: _agg([r for r in rows[m][:done] if r["task"] == t]) for m in methods}
+            "methods": {m: {**_agg(rows[m][:done]), "mem/own_gib": own_gib[m]} for m in methods} if done else {},
+            "per_task": {t: {m: {**_agg([r for r in rows[m][:done] if r["task"] == t]), "mem/own_gib": own_gib[m]}
+                             for m in methods}
                          for t in b.tasks if any(r["task"] == t for r in rows[methods[0]][:done])} if done else {},
             "status": status, "n_prompts": done, "tasks": list(b.tasks), "limit_per_task": int(b.limit),
             "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
@@ -218,7 +259,7 @@ def write_outputs(result: dict[str, Any], out_dir: Path, name: str | None, run_d
 
 def markdown(result: dict[str, Any]) -> str:
     cols = ["method", "tok/s", "speedup", "speedup (mean of ratios)", "accept rate", "mean accepted len",
-            "equal to ar", "overhead", "peak RSS GiB", "adapt s"]
+            "equal to ar", "overhead", "peak RSS GiB", "own GiB", "adapt s"]
     lines = [f"# Bench: {result['target']} <- {result['drafter']}, tasks {', '.join(result['tasks'])}",
              "", f"{result['n_prompts']} prompts ({result['limit_per_task']} per task), "
              f"{result['max_new_tokens']} new tokens, temperature {result['temperature']}, status {result['status']}. "
@@ -232,6 +273,7 @@ def markdown(result: dict[str, Any]) -> str:
             out.append(f"| {m} | {a['speed/tok_per_s']:.2f} | {a['speed/speedup']:.3f}x | "
                        f"{a['speed/speedup_mean_ratio']:.3f}x | {a['accept/rate']:.3f} | {a['accept/mean_len']:.2f} | "
                        f"{a['lossless/match_rate']:.2f} | {a['overhead/share']:.1%} | {a['mem/peak_rss_gib']:.2f} | "
+                       f"{a['mem/own_gib']:.2f} | "
                        f"{a['time/adapt_s']:.1f} |")
         return out
 
@@ -242,5 +284,6 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "Speedup: tokens/s of the method over tokens/s of ar on the same prompts (ratio of totals). "
               "Overhead: share of the method's generation wall time outside model forward passes. "
               "Peak RSS: the process's resident memory sampled after each of the method's generations "
-              "(all methods share one process and one target)."]
+              "(all methods share one process and one target, so it is mostly common). Own GiB: memory only "
+              "this method holds (its own drafter copy, fp32 training copy and optimiser state)."]
     return "\n".join(lines) + "\n"

@@ -125,7 +125,8 @@ def main() -> None:
         except OmniDraftError as e:
             _fail(_first_line(e))
         except KeyboardInterrupt:
-            _fail("interrupted; metrics.jsonl and summary.json hold the prompts finished so far")
+            _fail("interrupted; the run directory's metrics.jsonl and summary (bench: results JSON) "
+                  "hold the prompts finished so far")
         return summary.get("speed/speedup", summary.get("accept/rate", summary.get("distill/loss_after")))
 
     _app()

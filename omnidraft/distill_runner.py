@@ -40,6 +40,10 @@ def check_distill(cfg: DictConfig) -> None:
         raise OmniDraftError(f"distill.epochs={d.epochs} must be >= 1")
     if cfg.drafter is None:
         raise OmniDraftError("omnidraft distill needs a drafter model; pass drafter=<name>")
+    from omnidraft.online import DTYPES
+
+    if d.train_dtype not in DTYPES:
+        raise OmniDraftError(f"distill.train_dtype={d.train_dtype!r}: use one of {', '.join(DTYPES)}")
     if not 0 <= d.jsd_beta <= 1:
         raise OmniDraftError(f"distill.jsd_beta={d.jsd_beta} must be in [0, 1]")
 
@@ -105,7 +109,10 @@ def run_distill(cfg: DictConfig) -> dict[str, Any]:
         tensors, lmeta = learner.state_dict()
         tensors = {k: v for k, v in tensors.items() if k.startswith("param.")}  # weights only: a frozen drafter
         meta = {"kind": "distillspec", "lora": None, "next_index": len(records),
-                "learner": {"names": lmeta["names"]}, "distill": _plain(d)}
+                "learner": {"names": lmeta["names"]}, "distill": _plain(d),
+                # checked by runner.check_disjoint before any evaluation that loads this state
+                "train_split": {"task": t.name, "offset": int(t.offset), "n": len(records),
+                                "shuffle": bool(t.shuffle), "seed": int(cfg.seed)}}
         state_io.save(run_dir / "state", state_io.SavedState(meta, tensors, []))
         summary = {"distill/loss_before": before, "distill/loss_after": after,
                    "distill/n_examples": len(examples),

@@ -48,6 +48,17 @@ def aligned_positions(t_ids: list[int], d_ids: list[int], bridge: VocabBridge) -
     return out
 
 
+def _complete_utf8(ids: list[int], spell) -> list[int]:
+    """Drop trailing tokens until the text is complete UTF-8 (a response cut mid-character)."""
+    while ids:
+        try:
+            spell(ids).decode("utf-8")
+            return ids
+        except UnicodeDecodeError:
+            ids = ids[:-1]
+    return ids
+
+
 @torch.no_grad()
 def make_example(seq: int, target, target_tok, draft_model, draft_tok, bridge: VocabBridge, cols: torch.Tensor,
                  prompt_ids: list[int], *, data: str = "drafter", max_new_tokens: int = 128,
@@ -66,13 +77,13 @@ def make_example(seq: int, target, target_tok, draft_model, draft_tok, bridge: V
     if data == "target":
         r_t = generate(target, prompt_ids, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
                        temperature=temperature, generator=generator).tokens
-        r_text = bridge.target_text_bytes(r_t).decode("utf-8", errors="ignore")
-        r_t = [t for t in r_t if t not in eos_ids]
+        r_t = _complete_utf8([t for t in r_t if t not in eos_ids], bridge.target_text_bytes)
+        r_text = bridge.target_text_bytes(r_t).decode("utf-8")
     else:
         r_d = generate(draft_model, d_prompt, max_new_tokens=max_new_tokens, eos_ids=draft_eos,
                        temperature=temperature, generator=generator).tokens
-        r_d = [d for d in r_d if d not in draft_eos]
-        r_text = retok.spelled(r_d).decode("utf-8", errors="ignore")
+        r_d = _complete_utf8([d for d in r_d if d not in draft_eos], retok.spelled)
+        r_text = retok.spelled(r_d).decode("utf-8")
         r_t = target_tok.encode(r_text, add_special_tokens=False)
     r_d = retok.encode(r_text)
     pairs = aligned_positions(r_t, r_d, bridge)

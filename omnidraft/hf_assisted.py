@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -46,11 +47,28 @@ class HFAssisted:
             if v is not None:
                 setattr(gc, key, v)
         self.assistant_config = gc
+        from omnidraft.errors import OmniDraftError
         from omnidraft.vocab import tokenizer_hash
 
-        # One tokenizer: transformers' plain assisted generation (passing both tokenizers would
-        # force its text re-encoding path for nothing).
-        self.same_tokenizer = tokenizer_hash(target_tokenizer) == tokenizer_hash(assistant_tokenizer)
+        # transformers treats equal vocabulary sizes as one tokenizer (plain assisted generation)
+        # and different sizes as two (text re-encoding); a pair it would misread is refused here.
+        v_t = target.config.get_text_config().vocab_size
+        v_a = assistant.config.get_text_config().vocab_size
+        same_tok = tokenizer_hash(target_tokenizer) == tokenizer_hash(assistant_tokenizer)
+        if v_t == v_a and not same_tok:
+            raise OmniDraftError(f"transformers' assisted generation takes two models with equal vocabulary sizes "
+                                 f"({v_t}) to share a tokenizer, but these tokenizers differ: the uag baselines "
+                                 "cannot run on this pair")
+        self.same_tokenizer = v_t == v_a
+
+    @contextmanager
+    def paused(self):
+        """Warm-up: transformers' heuristic draft length is restored afterwards."""
+        saved = copy.deepcopy(self.assistant_config)
+        try:
+            yield self
+        finally:
+            self.assistant_config = saved
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, eos_ids: set[int],
                  temperature: float = 0.0, generator: torch.Generator | None = None) -> GenerationResult:

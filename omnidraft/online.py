@@ -211,10 +211,11 @@ class OnlineLearner:
         dev = self.train_model.device
         map_ids, map_cols = self.map_ids.to(dev), self.map_cols.to(dev)
         for ex, logits in zip(examples, self._draft_logits(examples)):
-            if ex.dm_pos and self.loss_name in DIVERGENCES:
-                lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
-                lp = torch.log_softmax(ex.dm_logp.to(dev).float(), -1)  # renormalised over reachable tokens
-                dm_terms.append(DIVERGENCES[self.loss_name](lp, lq, beta=self.jsd_beta))
+            if self.loss_name in DIVERGENCES:  # one divergence on DM positions, no n-gram term
+                if ex.dm_pos:
+                    lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
+                    lp = torch.log_softmax(ex.dm_logp.to(dev).float(), -1)  # renormalised over reachable tokens
+                    dm_terms.append(DIVERGENCES[self.loss_name](lp, lq, beta=self.jsd_beta))
                 continue
             if ex.dm_pos and self.loss_name != "nll_only":
                 lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))

@@ -108,6 +108,25 @@ def check_config(cfg: DictConfig) -> None:
         if "learner" not in inspect.signature(import_target(m.drafter["_target_"])).parameters:
             raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
                                  f"(omnidraft.drafters.NgramDrafter), not {m.drafter['_target_']}")
+    a = m.adapt
+    from omnidraft.online import DTYPES, LOSSES, POSITIONS
+
+    if a.loss not in LOSSES:
+        raise OmniDraftError(f"method.adapt.loss={a.loss!r}: use one of {', '.join(LOSSES)}")
+    if a.positions not in POSITIONS:
+        raise OmniDraftError(f"method.adapt.positions={a.positions!r}: use drafted or rejected (OSD)")
+    if a.train_dtype not in DTYPES:
+        raise OmniDraftError(f"method.adapt.train_dtype={a.train_dtype!r}: use one of {', '.join(DTYPES)}")
+    if not 0 <= a.jsd_beta <= 1:
+        raise OmniDraftError(f"method.adapt.jsd_beta={a.jsd_beta} must be in [0, 1]")
+    hf = m.hf
+    if hf.num_assistant_tokens is not None and hf.num_assistant_tokens < 1:
+        raise OmniDraftError(f"method.hf.num_assistant_tokens={hf.num_assistant_tokens} must be >= 1 (or null)")
+    if hf.num_assistant_tokens_schedule not in (None, "constant", "heuristic", "heuristic_transient"):
+        raise OmniDraftError(f"method.hf.num_assistant_tokens_schedule={hf.num_assistant_tokens_schedule!r}: "
+                             "use constant, heuristic or heuristic_transient (or null)")
+    if cfg.drafter is not None and cfg.drafter.init_state:
+        check_disjoint(cfg)
     if m.verify not in ("lossless", "paper"):
         raise OmniDraftError(f"method.verify={m.verify!r}: use lossless (greedy, exact) or paper (OmniDraft's q' rule)")
     if m.name != "ar" and m.temperature > 0 and m.verify == "lossless":
@@ -138,6 +157,30 @@ def check_config(cfg: DictConfig) -> None:
         raise OmniDraftError(f"method.k={m.k} must be >= 1")
     if cfg.decode.max_new_tokens < 1:
         raise OmniDraftError(f"decode.max_new_tokens={cfg.decode.max_new_tokens} must be >= 1")
+
+
+def check_disjoint(cfg: DictConfig) -> None:
+    """Refuse to evaluate on prompts a DistillSpec checkpoint (drafter.init_state) was trained on."""
+    meta_path = Path(cfg.drafter.init_state) / "meta.json"
+    if not meta_path.exists():
+        return  # load() reports a missing state with its own message
+    split = json.loads(meta_path.read_text()).get("train_split")
+    t = cfg.task
+    if not split or split["task"] != t.name:
+        return
+    if split.get("shuffle") or t.shuffle:
+        if split.get("shuffle") and t.shuffle and split.get("seed") == int(cfg.seed):
+            pass  # same permutation: offsets compare
+        else:
+            raise OmniDraftError(f"drafter.init_state was distilled on a shuffled {t.name} split; evaluate with the "
+                                 "same task.shuffle and seed so the prompts can be checked to be disjoint")
+    a0, a1 = int(split["offset"]), int(split["offset"]) + int(split["n"])
+    b0 = int(t.offset)
+    b1 = b0 + int(t.limit) if t.limit is not None else float("inf")
+    if a0 < b1 and b0 < a1:
+        raise OmniDraftError(f"drafter.init_state was distilled on {t.name} prompts {a0}..{a1 - 1}, which overlap "
+                             f"this run's prompts {b0}..{'end' if b1 == float('inf') else int(b1) - 1}; "
+                             "move task.offset/limit or distill on another split")
 
 
 def task_templates(t) -> dict[str, str]:
@@ -302,8 +345,9 @@ class Session:
         return row
 
     def paused(self):
-        """Warm-up context: the drafter neither learns nor touches the stream's cache."""
-        p = getattr(self.drafter, "paused", None)
+        """Warm-up context: the drafter neither learns nor touches the stream's cache (nor
+        transformers' heuristic draft length, for the uag methods)."""
+        p = getattr(self.hf if self.hf is not None else self.drafter, "paused", None)
         return p() if callable(p) else contextlib.nullcontext()
 
     def state(self, next_index: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> state_io.SavedState:

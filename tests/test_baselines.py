@@ -49,7 +49,7 @@ def test_uag_same_tokenizer_uses_plain_assisted_generation(qwen_tiny, cache_dir)
     from omnidraft.vocab import build_bridge
 
     target, ttok = qwen_tiny
-    drafter = aligned_drafter(target, build_bridge(ttok, ttok, cache_dir), len(ttok), noise=0.05)
+    drafter = aligned_drafter(target, build_bridge(ttok, ttok, cache_dir), target.config.vocab_size, noise=0.05)
     eng = HFAssisted(target, drafter, ttok, ttok, num_assistant_tokens=4, assistant_confidence_threshold=0.0)
     assert eng.same_tokenizer
     eos = eos_of(ttok)
@@ -188,12 +188,20 @@ def test_distill_then_serve_distillspec(tmp_path, data):
     assert sess.generate(ids, max_new_tokens=12).tokens == sess.generate(ids, baseline=True, max_new_tokens=12).tokens
 
 
-def test_distillspec_without_a_checkpoint_is_refused(tmp_path):
+def test_distillspec_without_a_checkpoint_or_on_its_training_prompts_is_refused(tmp_path):
+    from omnidraft.distill_runner import run_distill
     from omnidraft.errors import OmniDraftError
     from omnidraft.runner import check_config
 
     with pytest.raises(OmniDraftError, match="omnidraft distill"):
         check_config(_cfg("config", f"run_dir={tmp_path}", "method=distillspec"))
+    run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=2", "task.limit=2",
+                     "distill.max_new_tokens=4", "progress=false"))
+    state = f"drafter.init_state={tmp_path / 'd' / 'state'}"
+    with pytest.raises(OmniDraftError, match="prompts 2..3, which overlap"):
+        check_config(_cfg("config", f"run_dir={tmp_path}", "method=distillspec", state, "task.limit=3"))
+    check_config(_cfg("config", f"run_dir={tmp_path}", "method=distillspec", state, "task.limit=2"))  # 0..1: disjoint
+    check_config(_cfg("config", f"run_dir={tmp_path}", "method=distillspec", state, "task.offset=4"))
 
 
 def test_bench_runs_every_method_in_one_process(tmp_path):
@@ -212,9 +220,12 @@ def test_bench_runs_every_method_in_one_process(tmp_path):
     for m, a in res["methods"].items():
         assert all(k in a for k in KEYS), m
         assert a["lossless/match_rate"] == 1.0, m  # greedy: every method emits ar's tokens
-        assert 0.0 <= a["overhead/share"] < 1.0 and a["mem/peak_rss_gib"] > 0
+        assert 0.0 <= a["overhead/share"] < 1.0 and a["mem/peak_rss_gib"] > 0 and a["mem/own_gib"] >= 0
     assert res["methods"]["ar"]["speed/speedup"] == pytest.approx(1.0)
     assert res["methods"]["osd"]["time/adapt_s"] > 0  # osd updated between prompts
+    own = {m: a["mem/own_gib"] for m, a in res["methods"].items()}
+    assert own["spd_dm"] == own["uag"] == own["pld"] == 0  # the shared frozen drafter / no drafter
+    assert own["osd"] > own["distillspec"] > 0  # a training copy + AdamW state vs a drafter copy
     on_disk = json.loads((tmp_path / "out" / "tiny.json").read_text())
     assert set(on_disk) >= {"methods", "provenance"} and "| omnidraft |" in (tmp_path / "out" / "tiny.md").read_text()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -74,6 +74,10 @@ def test_prompt_longer_than_context(tmp_path):
     (["bench", "debug=tiny", "bench.methods=[ar,nope]"], ["nope"]),
     (["bench", "debug=tiny", "bench.methods=[spd_dm]"], ["must include ar"]),
     (["debug=tiny", "method=distillspec"], ["omnidraft distill"]),
+    (["bench", "debug=tiny"], ["bench method 'distillspec'", "omnidraft distill"]),
+    (["bench", "debug=tiny", "bench.method_overrides.spd_dm=['target=tiny_llama3']"], ["shared by every method"]),
+    (["debug=tiny", "method.adapt.positions=accepted"], ["method.adapt.positions='accepted'"]),
+    (["debug=tiny", "method=uag", "method.hf.num_assistant_tokens_schedule=heuristc"], ["heuristc"]),
 ])
 def test_subcommand_bad_input(tmp_path, args, needles):
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
@@ -103,7 +107,8 @@ def test_sigterm_keeps_what_was_computed(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "Traceback" not in err
     assert [ln for ln in err.splitlines() if ln.startswith("omnidraft: error:")] == \
-        ["omnidraft: error: interrupted; metrics.jsonl and summary.json hold the prompts finished so far"]
+        ["omnidraft: error: interrupted; the run directory's metrics.jsonl and summary (bench: results JSON) "
+         "hold the prompts finished so far"]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["status"].startswith("failed: KeyboardInterrupt") and s["n_prompts"] >= 2
     assert s["n_prompts"] == len(metrics.read_text().splitlines())
