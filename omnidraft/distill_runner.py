@@ -1,6 +1,7 @@
 """``run_distill(cfg) -> dict``: DistillSpec's offline distillation, the runner of ``omnidraft distill``.
 
 Builds one training example per prompt of the configured task split (see omnidraft.distillspec),
+saved as it goes under ``run_dir/data/`` (``resume=true`` continues an interrupted data build),
 trains the drafter with the chosen divergence for ``distill.epochs`` passes, and saves the
 weights as an online state that ``method=distillspec drafter.init_state=<run_dir>/state`` loads.
 Like :func:`omnidraft.runner.run` it reads the Hydra config; the decode core does not.
@@ -10,12 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
@@ -24,7 +29,7 @@ from omnidraft.distillspec import DATA, make_example
 from omnidraft.errors import OmniDraftError
 from omnidraft.loggers import JSONLLogger
 from omnidraft.models import load_model
-from omnidraft.online import OnlineLearner
+from omnidraft.online import Example, OnlineLearner
 from omnidraft.runner import _overrides, _plain, start_run, task_templates
 from omnidraft.tasks import format_prompt, load_stream, render
 from omnidraft.vocab import build_bridge
@@ -46,6 +51,49 @@ def check_distill(cfg: DictConfig) -> None:
         raise OmniDraftError(f"distill.train_dtype={d.train_dtype!r}: use one of {', '.join(DTYPES)}")
     if not 0 <= d.jsd_beta <= 1:
         raise OmniDraftError(f"distill.jsd_beta={d.jsd_beta} must be in [0, 1]")
+
+
+def _data_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """What the training data depends on (a resumed run must match it)."""
+    d = cfg.distill
+    return {"target": _plain(cfg.target), "drafter": _plain(cfg.drafter), "task": _plain(cfg.task),
+            "seed": int(cfg.seed), "data": d.data, "max_new_tokens": int(d.max_new_tokens),
+            "temperature": float(d.temperature)}
+
+
+def _load_data(data_dir: Path, fp: dict[str, Any], resume: bool) -> dict[int, tuple[Example | None, dict]]:
+    """Examples already built in ``data_dir`` (one safetensors file per prompt), when resuming."""
+    meta = data_dir / "meta.json"
+    if not resume:
+        if data_dir.exists():
+            shutil.rmtree(data_dir)  # a fresh run in an old directory starts fresh
+        data_dir.mkdir(parents=True)
+        meta.write_text(json.dumps(fp, default=str))
+        return {}
+    if not meta.exists():
+        raise OmniDraftError(f"resume=true but {data_dir} holds no distillation data; drop resume=true")
+    saved = json.loads(meta.read_text())
+    if saved != json.loads(json.dumps(fp, default=str)):
+        diff = next(k for k in fp if json.dumps(saved.get(k), default=str) != json.dumps(fp[k], default=str))
+        raise OmniDraftError(f"cannot resume the distillation data in {data_dir}: {diff} differs from the "
+                             "interrupted run; resume with its overrides or use a new run_dir")
+    out = {}
+    for f in sorted(data_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            m = h.metadata()
+            row, exm = json.loads(m["row"]), json.loads(m["example"])
+            ex = None if exm is None else Example(**exm, dm_logp=h.get_tensor("dm_logp"))
+        out[int(f.stem)] = (ex, row)
+    return out
+
+
+def _save_example(data_dir: Path, i: int, ex: Example | None, row: dict) -> None:
+    """One prompt's example, written atomically (safetensors + JSON metadata, no pickle)."""
+    exm = None if ex is None else {k: v for k, v in asdict(ex).items() if k != "dm_logp"}
+    t = {"dm_logp": (ex.dm_logp if ex is not None else torch.zeros(0)).contiguous()}
+    tmp = data_dir / f"{i:05d}.tmp"
+    save_file(t, str(tmp), metadata={"row": json.dumps(row), "example": json.dumps(exm)})
+    os.replace(tmp, data_dir / f"{i:05d}.safetensors")
 
 
 @torch.no_grad()
@@ -77,26 +125,34 @@ def run_distill(cfg: DictConfig) -> dict[str, Any]:
         raise OmniDraftError(f"task {t.name} has no prompts at task.offset={t.offset}; lower task.offset "
                              "(it must stay disjoint from the evaluation prompts)")
     templates = task_templates(t)
+    data_dir = run_dir / "data"
+    done = _load_data(data_dir, _data_fingerprint(cfg), bool(cfg.resume))
+    if not cfg.resume and (run_dir / "metrics.jsonl").exists():
+        (run_dir / "metrics.jsonl").unlink()
     log = JSONLLogger(run_dir / "metrics.jsonl")
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     status = "ok"
     t0 = time.perf_counter()
     try:
-        g = torch.Generator().manual_seed(int(cfg.seed))
         for i, r in enumerate(tqdm(records, desc=f"distill data ({d.data})", unit="prompt",
-                                   disable=not cfg.progress)):
-            ids = format_prompt(target.tokenizer, render(r, 0, templates), system=t.system_prompt,
-                                use_chat_template=cfg.target.chat_template)
-            ex, st = make_example(i, target.model, target.tokenizer, draft.model, draft.tokenizer, bridge,
-                                  learner.cols, ids, data=d.data, max_new_tokens=int(d.max_new_tokens),
-                                  eos_ids=target.eos_ids, draft_eos=draft.eos_ids,
-                                  temperature=float(d.temperature), generator=g)
+                                   disable=not cfg.progress, initial=0)):
+            if i in done:  # built by an earlier, interrupted run (resume=true)
+                ex, row = done[i]
+            else:
+                ids = format_prompt(target.tokenizer, render(r, 0, templates), system=t.system_prompt,
+                                    use_chat_template=cfg.target.chat_template)
+                g = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + i)
+                ex, st = make_example(i, target.model, target.tokenizer, draft.model, draft.tokenizer, bridge,
+                                      learner.cols, ids, data=d.data, max_new_tokens=int(d.max_new_tokens),
+                                      eos_ids=target.eos_ids, draft_eos=draft.eos_ids,
+                                      temperature=float(d.temperature), generator=g)
+                row = {"prompt/id": r.id, "prompt/index": i, **st}
+                _save_example(data_dir, i, ex, row)
+                log.log(row, step=i)
             if ex is not None:
                 learner.buffer.append(ex)
-            row = {"prompt/id": r.id, "prompt/index": i, **st}
             rows.append(row)
-            log.log(row, step=i)
         if not learner.buffer:
             raise OmniDraftError("no training position aligned between the two tokenisations; check the pair")
         data_s = time.perf_counter() - t0

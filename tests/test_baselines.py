@@ -188,6 +188,21 @@ def test_distill_then_serve_distillspec(tmp_path, data):
     assert sess.generate(ids, max_new_tokens=12).tokens == sess.generate(ids, baseline=True, max_new_tokens=12).tokens
 
 
+def test_distill_data_build_resumes(tmp_path):
+    """An interrupted data build continues from the examples already saved, with the same result."""
+    from omnidraft.distill_runner import run_distill
+
+    over = [f"run_dir={tmp_path}", "task.offset=2", "task.limit=3", "distill.max_new_tokens=12", "progress=false"]
+    a = run_distill(_cfg("distill", *over))
+    (tmp_path / "data" / "00001.safetensors").unlink()  # as if stopped before prompt 1 was saved
+    b = run_distill(_cfg("distill", *over, "resume=true"))
+    for k in ("distill/loss_before", "distill/loss_after", "distill/positions", "distill/response_tokens"):
+        assert b[k] == pytest.approx(a[k], rel=1e-6), k
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4  # 3 + the one rebuilt prompt
+    with pytest.raises(Exception, match="distill.data|data differs|differs"):
+        run_distill(_cfg("distill", *over, "resume=true", "distill.data=target"))
+
+
 def test_distillspec_without_a_checkpoint_or_on_its_training_prompts_is_refused(tmp_path):
     from omnidraft.distill_runner import run_distill
     from omnidraft.errors import OmniDraftError
