@@ -101,11 +101,7 @@ def check_config(cfg: DictConfig) -> None:
     if uses_draft_model(m) and cfg.drafter is None:
         raise OmniDraftError(f"method {m.name!r} needs a drafter model; pass drafter=<name>")
     if m.adapt.enabled:
-        import inspect
-
-        from omnidraft.instantiate import import_target
-
-        if "learner" not in inspect.signature(import_target(m.drafter["_target_"])).parameters:
+        if not drafter_accepts(m, "learner"):
             raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
                                  f"(omnidraft.drafters.NgramDrafter), not {m.drafter['_target_']}")
     a = m.adapt
@@ -130,11 +126,7 @@ def check_config(cfg: DictConfig) -> None:
     if m.verify not in ("lossless", "paper"):
         raise OmniDraftError(f"method.verify={m.verify!r}: use lossless (greedy, exact) or paper (OmniDraft's q' rule)")
     if m.name != "ar" and m.temperature > 0 and m.verify == "lossless":
-        import inspect
-
-        from omnidraft.instantiate import import_target
-
-        if "verify" in inspect.signature(import_target(m.drafter["_target_"])).parameters:
+        if drafter_accepts(m, "verify"):
             raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
                                  "(OmniDraft's approximate q', not lossless) or method.temperature=0")
     if m.name == "distillspec" and (cfg.drafter is None or not cfg.drafter.init_state):
@@ -168,12 +160,10 @@ def check_disjoint(cfg: DictConfig) -> None:
     t = cfg.task
     if not split or split["task"] != t.name:
         return
-    if split.get("shuffle") or t.shuffle:
-        if split.get("shuffle") and t.shuffle and split.get("seed") == int(cfg.seed):
-            pass  # same permutation: offsets compare
-        else:
-            raise OmniDraftError(f"drafter.init_state was distilled on a shuffled {t.name} split; evaluate with the "
-                                 "same task.shuffle and seed so the prompts can be checked to be disjoint")
+    same_order = split.get("shuffle") == bool(t.shuffle) and (not t.shuffle or split.get("seed") == int(cfg.seed))
+    if not same_order:  # offsets only compare within one permutation
+        raise OmniDraftError(f"drafter.init_state was distilled on {t.name} with another task.shuffle/seed than "
+                             "this run; use the same so the prompts can be checked to be disjoint")
     a0, a1 = int(split["offset"]), int(split["offset"]) + int(split["n"])
     b0 = int(t.offset)
     b1 = b0 + int(t.limit) if t.limit is not None else float("inf")
@@ -204,11 +194,16 @@ def uses_draft_model(m) -> bool:
         return False
     if m.engine == "hf_assisted":
         return True
+    return drafter_accepts(m, "model")
+
+
+def drafter_accepts(m, arg: str) -> bool:
+    """Whether the method's drafter class takes ``arg`` (model, learner, verify, ...)."""
     import inspect
 
     from omnidraft.instantiate import import_target
 
-    return "model" in inspect.signature(import_target(m.drafter["_target_"])).parameters
+    return arg in inspect.signature(import_target(m.drafter["_target_"])).parameters
 
 
 class Session:
