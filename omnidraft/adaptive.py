@@ -135,11 +135,12 @@ class HeadLearner:
         mode: 'joint' (update when the distillation updates, on what was collected since) or
             'interleaved' (update every ``every`` prompts from a FIFO replay buffer of ``replay``
             proposals, ``steps`` mini-batches each time).
+        learn: False serves the head frozen: only the calibration is recorded.
     """
 
     def __init__(self, head: AcceptanceHead, *, mode: str = "joint", lr: float = 1e-3,
                  mismatch_weight: float = 6.0, batch_size: int = 64, replay: int = 4096,
-                 steps: int = 4, every: int = 1, seed: int = 0):
+                 steps: int = 4, every: int = 1, seed: int = 0, learn: bool = True):
         if mode not in ("joint", "interleaved"):
             raise ValueError(f"head mode must be joint or interleaved, got {mode!r}")
         self.head, self.mode, self.w = head, mode, float(mismatch_weight)
@@ -148,6 +149,7 @@ class HeadLearner:
         self.opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
         self.rng = random.Random(seed)
         self.n_updates = 0
+        self.learn = bool(learn)  # False: calibration only, the head stays frozen
         # calibration since the last read: predicted vs observed acceptance of merged proposals
         self._pred_sum = self._obs_sum = 0.0
         self._n = 0
@@ -159,7 +161,8 @@ class HeadLearner:
         rejection, its drafter-token span, soft label and whether it was accepted."""
         logp = F.logsigmoid(self.head(hidden.float()))
         for (s, e), y, a in zip(groups, labels, accepted):
-            self.buffer.append((hidden[s:e].detach().float().cpu(), float(y)))
+            if self.learn:
+                self.buffer.append((hidden[s:e].detach().float().cpu(), float(y)))
             self._pred_sum += float(logp[s:e].sum().exp())
             self._obs_sum += float(a)
             self._n += 1
@@ -182,7 +185,7 @@ class HeadLearner:
         return -(y * logp + self.w * (1 - y) * log1mp).mean()
 
     def update(self) -> dict[str, float]:
-        if not self.buffer:
+        if not self.learn or not self.buffer:
             return {}
         items = list(self.buffer)
         self.head.train()

@@ -116,6 +116,8 @@ class DraftLengthConfig:
 
     policy: str = "fixed"  # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head)
     gamma: Optional[float] = None  # stop when 1 - prod P(accept) > gamma; null = the task's preset
+    head_learn: bool = True  # false: serve the head frozen (e.g. the one in drafter.init_state)
+    gamma_infer: Optional[float] = None  # the frozen head's threshold (head_learn=false); null = gamma
     k_min: int = 1
     k_max: int = 16
     head_blocks: int = 2

@@ -143,6 +143,11 @@ def check_config(cfg: DictConfig) -> None:
         raise OmniDraftError(f"method.draft_length: need 1 <= k_min <= k_max, got {dl.k_min}..{dl.k_max}")
     if dl.gamma is not None and not 0 < dl.gamma < 1:
         raise OmniDraftError(f"method.draft_length.gamma={dl.gamma} must be in (0, 1)")
+    if dl.gamma_infer is not None and not 0 < dl.gamma_infer < 1:
+        raise OmniDraftError(f"method.draft_length.gamma_infer={dl.gamma_infer} must be in (0, 1)")
+    if dl.gamma_infer is not None and (dl.head_learn or dl.policy != "head"):
+        raise OmniDraftError("method.draft_length.gamma_infer is the frozen head's threshold: add "
+                             "method.draft_length.policy=head method.draft_length.head_learn=false, or use gamma")
     if dl.policy != "fixed" and m.name == "ar":
         raise OmniDraftError("method=ar drafts nothing: drop method.draft_length.policy")
     if m.k < 1:
@@ -270,7 +275,7 @@ class Session:
             if init is not None and cfg.drafter.init_ngram and "drafter" in init.meta \
                     and hasattr(self.drafter, "load_state_dict"):
                 self.drafter.load_state_dict(init.meta["drafter"])  # the adapted stream's n-gram cache
-            self._build_length_policy()
+            self._build_length_policy(init)
 
     def prompt_ids(self, text: str | list[dict[str, str]]) -> list[int]:
         """Target token ids for one user message or a conversation (chat template when the
@@ -294,7 +299,7 @@ class Session:
                         k=self.draft_k(), max_new_tokens=n_new,
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
 
-    def _build_length_policy(self) -> None:
+    def _build_length_policy(self, init: state_io.SavedState | None = None) -> None:
         from omnidraft.adaptive import GAMMA_PRESETS, AcceptanceHead, HeadLearner, HeadPolicy, HeuristicK
 
         dl, m = self.cfg.method.draft_length, self.cfg.method
@@ -307,10 +312,19 @@ class Session:
             setter(HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max))
             return
         gamma = dl.gamma if dl.gamma is not None else GAMMA_PRESETS.get(self.cfg.task.name, 0.7)
+        if not dl.head_learn and dl.gamma_infer is not None:
+            gamma = dl.gamma_infer
         head = AcceptanceHead(int(self.draft_lm.model.config.hidden_size), dl.head_blocks).to(self.draft_lm.model.device)
+        head_init = {k[len("head."):]: v for k, v in (init.tensors if init is not None else {}).items()
+                     if k.startswith("head.")}
+        if head_init:  # the head an earlier stream trained serves this one
+            head.load_state_dict(head_init)
+        elif not dl.head_learn:
+            raise OmniDraftError("method.draft_length.head_learn=false serves a trained head: pass "
+                                 "drafter.init_state=<a run with policy=head>/state")
         self.head_learner = HeadLearner(head, mode=dl.head_mode, lr=dl.head_lr, mismatch_weight=dl.mismatch_weight,
                                         batch_size=dl.head_batch_size, replay=dl.replay, steps=dl.head_steps,
-                                        every=dl.head_every, seed=int(self.cfg.seed))
+                                        every=dl.head_every, seed=int(self.cfg.seed), learn=dl.head_learn)
         setter(HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max), self.head_learner)
 
     def draft_k(self) -> int:
@@ -319,7 +333,7 @@ class Session:
         return int(dl.k_max) if dl.policy in ("heuristic", "head") else int(self.cfg.method.k)
 
     def head_update_due(self, i: int) -> bool:
-        if self.head_learner is None:
+        if self.head_learner is None or not self.head_learner.learn:
             return False
         dl, a = self.cfg.method.draft_length, self.cfg.method.adapt
         every = int(dl.head_every) if dl.head_mode == "interleaved" else int(a.interval)

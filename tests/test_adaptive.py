@@ -116,3 +116,30 @@ def test_head_state_saves_and_resumes(tmp_path, monkeypatch):
     assert full["draft/mean_len"] == resumed["draft/mean_len"] and "head/pred_accept" in full
     meta = json.loads((tmp_path / "cut" / "state" / "meta.json").read_text())
     assert meta["head"]["n_updates"] == 5
+
+
+def test_a_trained_head_serves_the_next_stream_frozen_with_its_own_gamma(tmp_path):
+    from test_runner import _cfg, _rows
+
+    from omnidraft import state as state_io
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.runner import run
+
+    over = ("ablation=adaptive_joint", "method.adapt.interval=2", "task.limit=4", "decode.max_new_tokens=12",
+            "method.draft_length.k_max=8")
+    run(_cfg(tmp_path / "train", *over))
+    saved = state_io.load(tmp_path / "train" / "state")
+    serve = (*over, f"drafter.init_state={tmp_path / 'train' / 'state'}", "method.draft_length.head_learn=false")
+    tight = run(_cfg(tmp_path / "tight", *serve, "method.draft_length.gamma_infer=0.05"))
+    loose = run(_cfg(tmp_path / "loose", *serve, "method.draft_length.gamma_infer=0.95"))
+    for name in ("tight", "loose"):
+        served = state_io.load(tmp_path / name / "state")
+        heads = [k for k in saved.tensors if k.startswith("head.")]
+        assert heads and all(torch.equal(saved.tensors[k], served.tensors[k]) for k in heads)  # frozen
+        rows = _rows(tmp_path / name)
+        assert all("head/loss" not in r for r in rows) and all("head/pred_accept" in r for r in rows)
+    assert loose["draft/mean_len"] > tight["draft/mean_len"]
+    with pytest.raises(OmniDraftError, match="gamma_infer"):
+        run(_cfg(tmp_path / "bad", *over, "method.draft_length.gamma_infer=0.5"))  # the head still learns
+    with pytest.raises(OmniDraftError, match="head_learn=false serves a trained head"):
+        run(_cfg(tmp_path / "bad2", *over, "method.draft_length.head_learn=false"))
