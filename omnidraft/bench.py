@@ -58,6 +58,12 @@ def check_bench(cfg: DictConfig) -> None:
         if bad:
             raise OmniDraftError(f"bench.method_overrides.{m} sets {bad[0]!r}: target, task, decoding and seed are "
                                  "shared by every method of a bench; set them for the whole bench")
+    for task, over in (b.task_overrides or {}).items():
+        if not (conf.parent / "task" / f"{task}.yaml").exists():
+            raise OmniDraftError(f"bench.task_overrides.{task}: no task {task!r} (conf/task/{task}.yaml)")
+        bad = [o for o in (over or []) if not o.lstrip("+~").startswith("task.")]
+        if bad:
+            raise OmniDraftError(f"bench.task_overrides.{task} sets {bad[0]!r}: only task.* keys (e.g. task.offset=300)")
     base = _base_overrides(cfg)
     for m in b.methods:  # every method's own config, checked before any model loads
         for task in b.tasks:
@@ -84,7 +90,8 @@ def method_config(name: str, task: str, cfg: DictConfig, base: list[str]) -> Dic
     from hydra import compose
 
     extra = list((cfg.bench.method_overrides or {}).get(name, []) or [])
-    over = [*base, f"method={name}", f"task={task}", f"task.limit={int(cfg.bench.limit)}",
+    task_extra = list((cfg.bench.task_overrides or {}).get(task, []) or [])
+    over = [*base, f"method={name}", f"task={task}", f"task.limit={int(cfg.bench.limit)}", *task_extra,
             "run_dir=unused", *extra]  # a method's own run_dir is not used: the bench writes its files
     from hydra.core.global_hydra import GlobalHydra
 
@@ -230,7 +237,8 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             "status": status, "n_prompts": done, "tasks": list(b.tasks), "limit_per_task": int(b.limit),
             "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
             "max_new_tokens": n_new, "temperature": float(cfg.method.temperature),
-            "method_overrides": _plain(b.method_overrides), "process_peak_rss_gib": peak_rss_gib(),
+            "method_overrides": _plain(b.method_overrides),
+            "task_overrides": _plain(b.task_overrides), "process_peak_rss_gib": peak_rss_gib(),
             "provenance": prov,
         }
         write_outputs(result, Path(b.out_dir), b.name, run_dir)
@@ -265,7 +273,14 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['max_new_tokens']} new tokens, temperature {result['temperature']}, status {result['status']}. "
              f"Git {str(result['provenance'].get('git_hash'))[:10]}"
              f"{' (dirty)' if result['provenance'].get('git_dirty') else ''}, "
-             f"{result['provenance'].get('cpu')}, torch threads {result['provenance'].get('torch_threads')}.", ""]
+             f"{result['provenance'].get('cpu')}, torch threads {result['provenance'].get('torch_threads')}."]
+    per_task = {t: o for t, o in (result.get("task_overrides") or {}).items() if o and t in result["tasks"]}
+    if per_task:
+        lines.append("Task overrides: " + "; ".join(f"{t}: {' '.join(o)}" for t, o in per_task.items()) + ".")
+    per_method = {m: o for m, o in (result.get("method_overrides") or {}).items() if o}
+    if per_method:
+        lines.append("Method overrides: " + "; ".join(f"{m}: {' '.join(o)}" for m, o in per_method.items()) + ".")
+    lines.append("")
 
     def table(ms: dict[str, Any]) -> list[str]:
         out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

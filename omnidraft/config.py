@@ -175,6 +175,7 @@ class BenchConfig:
                                                         "distillspec", "omnidraft"])
     tasks: List[str] = field(default_factory=lambda: ["gsm8k", "humaneval"])
     limit: int = 20  # prompts per task
+    task_overrides: Dict[str, List[str]] = field(default_factory=dict)  # task -> task.* overrides
     warmup_prompts: int = 1
     out_dir: str = "results/bench"
     name: Optional[str] = None

@@ -157,25 +157,38 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def check_disjoint(cfg: DictConfig) -> None:
-    """Refuse to evaluate on prompts a DistillSpec checkpoint (drafter.init_state) was trained on."""
+    """Compare this run's prompts with those drafter.init_state was trained on: refuse an overlap
+    with a DistillSpec training split (an offline training set), warn on an overlap with the
+    stream an online state adapted on (re-serving it is legitimate; a benchmark on it is not)."""
     meta_path = Path(cfg.drafter.init_state) / "meta.json"
     if not meta_path.exists():
         return  # load() reports a missing state with its own message
-    split = json.loads(meta_path.read_text()).get("train_split")
+    meta = json.loads(meta_path.read_text())
+    split = meta.get("train_split")
     t = cfg.task
     if not split or split["task"] != t.name:
         return
+    offline = meta.get("kind") == "distillspec"
+    what = "distilled" if offline else "adapted online"
     same_order = split.get("shuffle") == bool(t.shuffle) and (not t.shuffle or split.get("seed") == int(cfg.seed))
     if not same_order:  # offsets only compare within one permutation
-        raise OmniDraftError(f"drafter.init_state was distilled on {t.name} with another task.shuffle/seed than "
-                             "this run; use the same so the prompts can be checked to be disjoint")
-    a0, a1 = int(split["offset"]), int(split["offset"]) + int(split["n"])
+        if offline:
+            raise OmniDraftError(f"drafter.init_state was distilled on {t.name} with another task.shuffle/seed "
+                                 "than this run; use the same so the prompts can be checked to be disjoint")
+        return
+    a0 = int(split["offset"])
+    a1 = a0 + int(split["n"] if split.get("n") is not None else meta.get("next_index", 0))
     b0 = int(t.offset)
     b1 = b0 + int(t.limit) if t.limit is not None else float("inf")
     if a0 < b1 and b0 < a1:
-        raise OmniDraftError(f"drafter.init_state was distilled on {t.name} prompts {a0}..{a1 - 1}, which overlap "
-                             f"this run's prompts {b0}..{'end' if b1 == float('inf') else int(b1) - 1}; "
-                             "move task.offset/limit or distill on another split")
+        msg = (f"drafter.init_state was {what} on {t.name} prompts {a0}..{a1 - 1}, which overlap "
+               f"this run's prompts {b0}..{'end' if b1 == float('inf') else int(b1) - 1}")
+        if offline:
+            raise OmniDraftError(f"{msg}; move task.offset/limit or distill on another split")
+        import warnings
+
+        warnings.warn(f"{msg}: its acceptance there is not out-of-sample (move task.offset for a fair "
+                      "comparison)", stacklevel=2)
 
 
 def task_templates(t) -> dict[str, str]:
@@ -496,7 +509,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     measure = cfg.method.name != "ar" and cfg.measure_baseline
     every = max(1, int(cfg.baseline_every))
     ckpt = int(cfg.checkpoint_every)
+    t = cfg.task
     meta = {"fingerprint": fingerprint(cfg), "segments": segments,
+            # the prompts this state adapted on (n = next_index), for runner.check_disjoint
+            "train_split": {"task": t.name, "offset": int(t.offset), "n": None,
+                            "shuffle": bool(t.shuffle), "seed": int(cfg.seed)},
             "tokenizers": {"target": tokenizer_hash(sess.target.tokenizer),
                            "drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
     summary: dict[str, Any] = {}
@@ -513,7 +530,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 sess.generate(ids, max_new_tokens=16)
                 if measure:
                     sess.generate(ids, baseline=True, max_new_tokens=16)
-        t = cfg.task
         bar = tqdm(total=len(records), initial=start, desc=f"{cfg.method.name} {t.name}",
                    unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
         for i in range(start, len(records)):

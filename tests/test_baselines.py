@@ -245,3 +245,43 @@ def test_bench_runs_every_method_in_one_process(tmp_path):
     assert set(on_disk) >= {"methods", "provenance"} and "| omnidraft |" in (tmp_path / "out" / "tiny.md").read_text()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * len(methods)
+
+
+def test_bench_task_overrides_pick_each_tasks_prompts(tmp_path):
+    from omnidraft.bench import run_bench
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.runner import _plain
+    from omnidraft.tasks import load_stream
+
+    over = ("overrides=['debug=tiny']", f"run_dir={tmp_path / 'run'}", f"bench.out_dir={tmp_path / 'out'}",
+            "bench.name=t", "bench.tasks=[synthetic]", "bench.limit=2", "decode.max_new_tokens=4",
+            "bench.methods=[ar,pld]", "progress=false")
+    res = run_bench(_cfg("bench", *over, "+bench.task_overrides.synthetic=['task.offset=3']"))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    task = _plain(_cfg("config", "task=synthetic", "task.offset=3", "task.limit=2").task)
+    want = [r.id for r in load_stream(task, tmp_path / "cache")]
+    assert sorted({r["prompt/id"] for r in rows}) == sorted(want) and len(want) == 2
+    assert res["task_overrides"]["synthetic"] == ["task.offset=3"]
+    assert "synthetic: task.offset=3" in (tmp_path / "out" / "t.md").read_text()
+    with pytest.raises(OmniDraftError, match="only task"):
+        run_bench(_cfg("bench", *over, "+bench.task_overrides.synthetic=['method.k=3']"))
+    with pytest.raises(OmniDraftError, match="no task 'gsm9k'"):
+        run_bench(_cfg("bench", *over, "+bench.task_overrides.gsm9k=['task.offset=1']"))
+
+
+def test_serving_an_online_state_on_its_own_prompts_warns(tmp_path):
+    from test_runner import _cfg as run_cfg
+
+    from omnidraft.runner import check_config, run
+
+    run(run_cfg(tmp_path / "s", "method=omnidraft", "task.limit=3", "decode.max_new_tokens=4"))
+    meta = json.loads((tmp_path / "s" / "state" / "meta.json").read_text())
+    assert meta["train_split"]["task"] == "synthetic" and meta["next_index"] == 3
+    state = f"drafter.init_state={tmp_path / 's' / 'state'}"
+    with pytest.warns(UserWarning, match=r"adapted online on synthetic prompts 0..2"):
+        check_config(run_cfg(tmp_path / "a", "method=omnidraft", state, "task.offset=2", "task.limit=2"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_config(run_cfg(tmp_path / "b", "method=omnidraft", state, "task.offset=3", "task.limit=2"))
