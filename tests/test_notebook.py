@@ -1,0 +1,42 @@
+"""The analysis notebook runs end to end on a results tree written by the runner and the bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_runner import _cfg
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "results_overview.ipynb"
+
+
+def test_results_notebook_runs_on_real_result_files(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from test_baselines import _cfg as bench_cfg
+
+    from omnidraft.bench import run_bench
+    from omnidraft.runner import run
+
+    res = tmp_path / "results"
+    run(_cfg(res / "core" / "omnidraft", "method=omnidraft", "task.limit=3", "decode.max_new_tokens=6"))
+    run(_cfg(res / "adaptive" / "xv_joint", "ablation=adaptive_joint", "method.adapt.interval=1",
+             "task.limit=3", "decode.max_new_tokens=6"))
+    run_bench(bench_cfg("bench", "overrides=['debug=tiny']", f"run_dir={tmp_path / 'bench_run'}",
+                        f"bench.out_dir={res / 'bench'}", "bench.name=tiny", "bench.tasks=[synthetic]",
+                        "bench.limit=1", "decode.max_new_tokens=4", "bench.methods=[ar,pld]", "progress=false"))
+    (res / "distill" / "d").mkdir(parents=True)  # a run without decoding rows is skipped
+    (res / "distill" / "d" / "summary.json").write_text(json.dumps({"status": "ok"}))
+    (res / "distill" / "d" / "metrics.jsonl").write_text(json.dumps({"distill/loss": 1.0}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            exec("".join(cell["source"]), ns)  # noqa: S102 - our own notebook
+    out = capsys.readouterr().out
+    assert "'run': 'core/omnidraft'" in out and "'run': 'adaptive/xv_joint'" in out
+    assert "tiny.json | 1 prompts | ok" in out and "pld" in out
