@@ -179,8 +179,9 @@ class HeadLearner:
 
     def loss(self, items: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
         """Weighted BCE of prod_j sigmoid(head(h_j)) over each proposal's drafter tokens."""
-        logp = torch.stack([F.logsigmoid(self.head(h)).sum() for h, _ in items])
-        y = torch.tensor([lab for _, lab in items])
+        dev = next(self.head.parameters()).device  # the buffer lives on the CPU
+        logp = torch.stack([F.logsigmoid(self.head(h.to(dev))).sum() for h, _ in items])
+        y = torch.tensor([lab for _, lab in items], device=dev)
         log1mp = torch.log1p(-logp.exp().clamp(max=1 - 1e-6))
         return -(y * logp + self.w * (1 - y) * log1mp).mean()
 

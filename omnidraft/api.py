@@ -48,8 +48,8 @@ class Decoder(Session):
         self.proposed += res.proposed
         self.steps += len(res.steps)
         self.new_tokens += res.n_new
-        if adapt and self.learner is not None and self.n_calls % int(self.cfg.method.adapt.interval) == 0:
-            self.last_update = self.learner.update(progress=False)
+        if adapt:  # the runner's schedule: drafter every adapt.interval calls, the acceptance head on its own
+            self.last_update = self.after_prompt(self.n_calls - 1) or self.last_update
         return TextOutput(self.target.tokenizer.decode(res.tokens, skip_special_tokens=True), res, base)
 
     def stats(self) -> dict[str, float]:
@@ -60,6 +60,9 @@ class Decoder(Session):
             out["adapt/n_updates"] = self.learner.n_updates
             out["adapt/buffer"] = len(self.learner.buffer)
             out.update(self.last_update)
+        if self.head_learner is not None:
+            out["head/n_updates"] = self.head_learner.n_updates
+            out.update(self.head_learner.calibration(reset=False))
         return out
 
 

@@ -134,6 +134,7 @@ class DraftLengthConfig:
 class HFAssistConfig:
     """engine=hf_assisted: the assistant's generation config (null = transformers' default)."""
 
+    assistant: bool = True  # false: transformers' plain generate, no drafter (method=hf_ar)
     num_assistant_tokens: Optional[int] = None
     num_assistant_tokens_schedule: Optional[str] = None  # constant | heuristic | heuristic_transient
     assistant_confidence_threshold: Optional[float] = None
@@ -141,7 +142,7 @@ class HFAssistConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = MISSING  # ar | sd | spd_dm | omnidraft | pld | osd | distillspec | uag | uag_k5
+    name: str = MISSING  # ar | sd | spd_dm | omnidraft | pld | osd | distillspec | uag | uag_k5 | hf_ar
     engine: str = "omnidraft"  # omnidraft (this package's decode loop) | hf_assisted (transformers' generate)
     k: int = 5
     temperature: float = 0.0  # 0 = greedy (lossless: output identical to ar)
@@ -177,6 +178,7 @@ class BenchConfig:
     limit: int = 20  # prompts per task
     task_overrides: Dict[str, List[str]] = field(default_factory=dict)  # task -> task.* overrides
     warmup_prompts: int = 1
+    profile: bool = True  # forward hooks for overhead/share (they synchronise on CUDA: false for GPU speedups)
     out_dir: str = "results/bench"
     name: Optional[str] = None
     method_overrides: Dict[str, List[str]] = field(default_factory=dict)

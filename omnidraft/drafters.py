@@ -81,6 +81,18 @@ class _ModelDrafter:
             kv.crop_to(self.cache, keep)
             del self.cached[keep:]
 
+    @contextmanager
+    def paused(self):
+        """Draft without training the acceptance head, moving the draft-length policy or the
+        counters (warm-up): everything the stream's state holds is as before afterwards."""
+        saved = (self.head_learner, self.policy.state_dict(), self.drafted_total)
+        self.head_learner = None
+        try:
+            yield self
+        finally:
+            self.head_learner, pol, self.drafted_total = saved
+            self.policy.load_state_dict(pol)
+
     def set_length_policy(self, policy, head_learner=None) -> None:
         """Use ``policy`` (FixedK / HeuristicK / HeadPolicy) and optionally train its head."""
         self.policy, self.head_learner = policy, head_learner
@@ -160,8 +172,12 @@ class _ModelDrafter:
 class SameVocabDrafter(_ModelDrafter):
     """Standard speculative decoding: drafter and target share one tokenizer."""
 
-    def __init__(self, model, target_eos: set[int] = frozenset()):
-        super().__init__(model, target_eos)
+    def __init__(self, model, target_eos: set[int] = frozenset(), target_vocab_size: int | None = None):
+        # One tokenizer, but the two embedding matrices may be padded to different sizes
+        # (Qwen2.5-0.5B 151936 rows, 7B 152064): drafter ids the target's logits lack are never drafted.
+        v_d = int(model.get_output_embeddings().weight.shape[0])
+        self.v_t = int(target_vocab_size or v_d)
+        super().__init__(model, target_eos, allowed=torch.arange(v_d) < self.v_t if self.v_t < v_d else None)
 
     def start(self, prompt_ids: list[int]) -> None:
         self._reset(prompt_ids)
@@ -174,7 +190,12 @@ class SameVocabDrafter(_ModelDrafter):
         return d
 
     def _lift(self, qd: torch.Tensor) -> torch.Tensor:
-        return qd
+        if qd.numel() == self.v_t:
+            return qd
+        out = qd.new_zeros(self.v_t)  # pad (or cut: the mask keeps q's mass below v_t) to the target's size
+        n = min(self.v_t, qd.numel())
+        out[:n] = qd[:n]
+        return out
 
 
 class DirectMapDrafter(_ModelDrafter):
@@ -329,17 +350,15 @@ class NgramDrafter(DirectMapDrafter):
     @contextmanager
     def paused(self):
         """Draft without learning or touching the stream's cache and counters (warm-up)."""
-        saved = (self.learner, self.learn, self.ngram, self.hits_total, self._mask_add.clone(),
-                 self.head_learner, self.policy.state_dict(), self.drafted_total)
-        self.learner, self.learn, self.head_learner = None, False, None
+        saved = (self.learner, self.learn, self.ngram, self.hits_total, self._mask_add.clone())
+        self.learner, self.learn = None, False
         self.ngram = NgramCache.from_state_dict(self.ngram.state_dict())
         try:
-            yield self
+            with super().paused():
+                yield self
         finally:
-            self.learner, self.learn, self.ngram, self.hits_total, mask, self.head_learner, pol, \
-                self.drafted_total = saved
+            self.learner, self.learn, self.ngram, self.hits_total, mask = saved
             self._mask_add.copy_(mask)
-            self.policy.load_state_dict(pol)
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
         if self.learner is not None and target_logits is not None and self._last is not None:

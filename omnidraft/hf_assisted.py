@@ -1,5 +1,7 @@
 """transformers' own assisted generation as a baseline (``uag``, ``uag_k5``), measured like every
 other method. (With a drafter that shares the target's tokenizer it is plain assisted generation.)
+Without an assistant (``hf_ar``) it is transformers' plain greedy ``generate``: the loop uag runs
+in, so ``uag`` vs ``hf_ar`` separates the drafting gain from the two loops' own costs.
 
 With two tokenizers, ``model.generate(assistant_model=..., tokenizer=..., assistant_tokenizer=...)``
 runs transformers' cross-tokenizer assisted generation (greedy: text re-encoding between the two
@@ -35,11 +37,14 @@ class HFAssisted:
             set on the assistant's generation config; None keeps transformers' default.
     """
 
-    def __init__(self, target, assistant, target_tokenizer, assistant_tokenizer, *,
+    def __init__(self, target, assistant, target_tokenizer, assistant_tokenizer=None, *,
                  num_assistant_tokens: int | None = None, num_assistant_tokens_schedule: str | None = None,
                  assistant_confidence_threshold: float | None = None):
         self.target, self.assistant = target, assistant
         self.target_tokenizer, self.assistant_tokenizer = target_tokenizer, assistant_tokenizer
+        self.assistant_config, self.same_tokenizer = None, True
+        if assistant is None:  # hf_ar: plain generate
+            return
         gc = copy.deepcopy(assistant.generation_config)
         for key, v in (("num_assistant_tokens", num_assistant_tokens),
                        ("num_assistant_tokens_schedule", num_assistant_tokens_schedule),
@@ -91,22 +96,25 @@ class HFAssisted:
             calls[-1][3] = time.perf_counter()
 
         x = torch.tensor([prompt_ids], device=self.target.device)
-        saved = self.assistant.generation_config
-        self.assistant.generation_config = self.assistant_config
+        assist = {}
+        if self.assistant is not None:
+            saved = self.assistant.generation_config
+            self.assistant.generation_config = self.assistant_config
+            assist = {"assistant_model": self.assistant}
+            if not self.same_tokenizer:
+                assist.update(tokenizer=self.target_tokenizer, assistant_tokenizer=self.assistant_tokenizer)
         handles = [self.target.register_forward_pre_hook(pre, with_kwargs=True),
                    self.target.register_forward_hook(post, with_kwargs=True)]
         try:
             t0 = time.perf_counter()
             with torch.no_grad():
-                toks = {} if self.same_tokenizer else {"tokenizer": self.target_tokenizer,
-                                                        "assistant_tokenizer": self.assistant_tokenizer}
-                seq = self.target.generate(x, attention_mask=torch.ones_like(x), **gen,
-                                           assistant_model=self.assistant, **toks)
+                seq = self.target.generate(x, attention_mask=torch.ones_like(x), **gen, **assist)
             wall = time.perf_counter() - t0
         finally:
             for h in handles:
                 h.remove()
-            self.assistant.generation_config = saved
+            if self.assistant is not None:
+                self.assistant.generation_config = saved
         tokens = seq[0, len(prompt_ids):].tolist()
         res = GenerationResult(tokens=tokens, wall_s=wall, prefill_s=0.0)
         res.steps = steps_from_calls(calls, len(prompt_ids), len(tokens), t0)

@@ -134,6 +134,11 @@ def check_config(cfg: DictConfig) -> None:
                              "first, then pass drafter.init_state=<its run_dir>/state")
     if cfg.resume and cfg.drafter is not None and cfg.drafter.init_state:
         raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
+    dr = m.get("drafter") or {}
+    if dr.get("eviction") is not None and dr.get("eviction") not in ("lru", "lfu"):
+        raise OmniDraftError(f"method.drafter.eviction={dr.get('eviction')!r}: use lru or lfu")
+    if dr.get("capacity") is not None and int(dr.get("capacity")) < 1:
+        raise OmniDraftError(f"method.drafter.capacity={dr.get('capacity')} must be >= 1 (or null: unbounded)")
     dl = m.draft_length
     if dl.policy not in ("fixed", "heuristic", "head"):
         raise OmniDraftError(f"method.draft_length.policy={dl.policy!r}: use fixed, heuristic or head")
@@ -211,7 +216,7 @@ def uses_draft_model(m) -> bool:
     if m.name == "ar":
         return False
     if m.engine == "hf_assisted":
-        return True
+        return bool(m.hf.assistant)
     return drafter_accepts(m, "model")
 
 
@@ -241,18 +246,21 @@ class Session:
         self.head_learner = None
         self.hf = None
         m = cfg.method
-        if m.name != "ar" and not uses_draft_model(m):  # model-free drafting (prompt lookup)
+        if m.name != "ar" and m.engine != "hf_assisted" and not uses_draft_model(m):  # model-free (prompt lookup)
             v_t = self.target.model.get_output_embeddings().weight.shape[0]
             self.drafter = call_with(instantiate(m.drafter), target_vocab_size=v_t, target_eos=self.target.eos_ids,
                                      tokenizer=self.target.tokenizer)
         elif m.engine == "hf_assisted":
             from omnidraft.hf_assisted import HFAssisted
 
-            self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
-            if cfg.drafter.init_state:
-                state_io.load_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state).tensors)
-            self.hf = HFAssisted(self.target.model, self.draft_lm.model, self.target.tokenizer,
-                                 self.draft_lm.tokenizer, **_plain(m.hf))
+            hf = _plain(m.hf)
+            if hf.pop("assistant"):
+                self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
+                if cfg.drafter.init_state:
+                    state_io.load_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state).tensors)
+            dm = self.draft_lm
+            self.hf = HFAssisted(self.target.model, dm.model if dm else None, self.target.tokenizer,
+                                 dm.tokenizer if dm else None, **hf)
         elif m.name != "ar":
             self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
             if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
@@ -543,11 +551,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     sess.check_context(f"{r.id} turn {turn + 1}", len(ids))
                 seed = int(cfg.seed) * 1_000_003 + i + 100_003 * turn
                 ar = None
-                if with_ar and i % 2 == 1:
+                ar_first = (i // every) % 2 == 1  # alternates over the measured prompts, whatever `every`
+                if with_ar and ar_first:
                     ar = sess.generate(ids, baseline=True, seed=seed)
                 before = sess.drafter_stats()
                 sd = sess.generate(ids, seed=seed)
-                if with_ar and i % 2 == 0:
+                if with_ar and not ar_first:
                     ar = sess.generate(ids, baseline=True, seed=seed)
                 answer = sess.target.tokenizer.decode(sd.tokens, skip_special_tokens=True)
                 row = {"prompt/id": r.id, "prompt/index": i, "prompt/turn": turn,

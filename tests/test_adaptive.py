@@ -143,3 +143,21 @@ def test_a_trained_head_serves_the_next_stream_frozen_with_its_own_gamma(tmp_pat
         run(_cfg(tmp_path / "bad", *over, "method.draft_length.gamma_infer=0.5"))  # the head still learns
     with pytest.raises(OmniDraftError, match="head_learn=false serves a trained head"):
         run(_cfg(tmp_path / "bad2", *over, "method.draft_length.head_learn=false"))
+
+
+@pytest.mark.parametrize("kind", ["spd_dm", "omnidraft"])
+def test_warm_up_leaves_the_draft_length_state_as_it_was(pair_llama2_qwen, kind):
+    from omnidraft.drafters import DirectMapDrafter
+
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    cls = DirectMapDrafter if kind == "spd_dm" else NgramDrafter
+    d = cls(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
+    d.set_length_policy(HeuristicK(k_start=9, k_min=1, k_max=16))
+    ids = ttok.encode(PROMPTS[0])
+    with d.paused():
+        generate(target, ids, drafter=d, k=16, max_new_tokens=12)
+        moved = d.policy.k  # the schedule does move while drafting...
+    assert moved != 9
+    assert d.policy.k == 9 and d.drafted_total == 0  # ...and is put back after the warm-up
+    generate(target, ids, drafter=d, k=16, max_new_tokens=12)
+    assert d.policy.k == moved and d.drafted_total > 0  # outside warm-up it moves as in the paused run

@@ -263,6 +263,9 @@ def test_bench_task_overrides_pick_each_tasks_prompts(tmp_path):
     assert sorted({r["prompt/id"] for r in rows}) == sorted(want) and len(want) == 2
     assert res["task_overrides"]["synthetic"] == ["task.offset=3"]
     assert "synthetic: task.offset=3" in (tmp_path / "out" / "t.md").read_text()
+    plain = run_bench(_cfg("bench", *over, "bench.profile=false", "bench.name=np"))
+    assert all(a["overhead/share"] is None for a in plain["methods"].values())
+    assert "| pld |" in (tmp_path / "out" / "np.md").read_text()
     with pytest.raises(OmniDraftError, match="only task"):
         run_bench(_cfg("bench", *over, "+bench.task_overrides.synthetic=['method.k=3']"))
     with pytest.raises(OmniDraftError, match="no task 'gsm9k'"):
@@ -285,3 +288,21 @@ def test_serving_an_online_state_on_its_own_prompts_warns(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_config(run_cfg(tmp_path / "b", "method=omnidraft", state, "task.offset=3", "task.limit=2"))
+
+
+def test_hf_ar_is_transformers_plain_generate_and_equals_ar(pair_llama2_qwen, tmp_path):
+    from test_runner import _cfg as run_cfg
+
+    from omnidraft.runner import run
+
+    target, ttok, *_ = pair_llama2_qwen
+    eos = eos_of(ttok)
+    eng = HFAssisted(target, None, ttok)
+    for text in PROMPTS[:4]:
+        ids = ttok.encode(text, add_special_tokens=True)
+        ar = generate(target, ids, max_new_tokens=N_NEW, eos_ids=eos)
+        res = eng.generate(ids, max_new_tokens=N_NEW, eos_ids=eos)
+        assert res.tokens == ar.tokens
+        assert len(res.steps) == res.n_new and all(s.proposed == 0 for s in res.steps)  # one forward a token
+    s = run(run_cfg(tmp_path / "r", "method=hf_ar", "task.limit=2", "decode.max_new_tokens=8"))
+    assert s["lossless/match_rate"] == 1.0 and s["drafter"] is None and s["accept/mean_len"] == 1.0

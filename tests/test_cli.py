@@ -47,6 +47,9 @@ def test_debug_tiny_writes_run_files(tmp_path):
     (["debug=tiny", "method.kk=3"], ["kk"]),
     (["target=nope"], ["nope"]),
     (["debug=tiny", "method.k=0"], ["method.k=0"]),
+    (["debug=tiny", "method=omnidraft", "method.drafter.eviction=lfuu"], ["eviction='lfuu'", "lru or lfu"]),
+    (["debug=tiny", "method=omnidraft", "method.drafter.capacity=0"], ["method.drafter.capacity=0 must be >= 1"]),
+    (["debug=tiny", "ablation=adaptive_joint", "method.draft_length.gamma_infer=0.5"], ["gamma_infer", "head_learn=false"]),
 ])
 def test_bad_overrides(tmp_path, args, needles):
     _one_error_line(_cli(args, tmp_path), *needles)

@@ -95,3 +95,25 @@ def test_sampling_seed_reproduces(pair_llama2_qwen):
 
     assert run(0) == run(0)
     assert run(0) != run(1)
+
+
+def test_same_vocab_sd_with_differently_padded_vocabularies(qwen_tiny):
+    """One tokenizer, embedding matrices of different sizes: the drafter never proposes an id the
+    target's logits lack, greedy stays lossless, and sampling runs in the target's vocabulary."""
+    from omnidraft.vocab import build_bridge
+
+    target, ttok = qwen_tiny
+    v_t = target.config.vocab_size
+    drafter = aligned_drafter(target, build_bridge(ttok, ttok), v_t + 64, noise=0.3)
+    with torch.no_grad():
+        drafter.lm_head.weight[v_t:] = drafter.lm_head.weight[:v_t].abs().max() * 50  # padding rows would win
+    eos = eos_of(ttok)
+    for text in PROMPTS[:3]:
+        ids = ttok.encode(text)
+        ar = generate(target, ids, max_new_tokens=12, eos_ids=eos)
+        sd = generate(target, ids, drafter=SameVocabDrafter(drafter, eos, target_vocab_size=v_t), k=4,
+                      max_new_tokens=12, eos_ids=eos)
+        assert sd.tokens == ar.tokens and sd.proposed > 0
+        out = generate(target, ids, drafter=SameVocabDrafter(drafter, eos, target_vocab_size=v_t), k=4,
+                       max_new_tokens=12, eos_ids=eos, temperature=1.0, generator=torch.Generator().manual_seed(0))
+        assert all(t < v_t for t in out.tokens)

@@ -93,3 +93,39 @@ def test_ngram_drafter_is_lossless_and_learns(pair_llama2_qwen, k):
     assert len(d.ngram) > 0
     for seq, t in d.ngram._by_seq.items():
         assert b"".join(bridge.draft_bytes[x] for x in seq) == bridge.target_bytes[t]
+
+
+def test_accepted_ngram_proposals_keep_greedy_output_identical(pair_llama2_qwen):
+    """The merge path itself under greedy verification: entries planted so that the drafter's own
+    first two drafts merge into the target's greedy next token, which the target then accepts."""
+    from omnidraft.decode import generate
+    from omnidraft.drafters import NgramDrafter
+
+    from conftest import PROMPTS
+
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learn=False)
+    for text in PROMPTS[:8]:
+        ids = ttok.encode(text)
+        d.start(ids)
+        drafts, _ = d._draft(2, 0.0, None)
+        t1 = generate(target, ids, max_new_tokens=1).tokens[0]
+        if len(drafts) == 2 and d.ngram.get(drafts) is None and d.ngram.spelling(t1) is None:
+            d.ngram.add(t1, drafts)
+    d._refresh_mask()
+    assert len(d.ngram) >= 3
+
+    accepted_ngrams = 0
+    orig_commit = d.commit
+
+    def commit(new_ids, n_accepted, target_logits=None):
+        nonlocal accepted_ngrams
+        accepted_ngrams += sum(m.is_ngram for m in d.last_merged[:n_accepted])
+        orig_commit(new_ids, n_accepted, target_logits)
+
+    d.commit = commit  # count on this instance only
+    for text in PROMPTS[:8]:
+        ids = ttok.encode(text)
+        assert generate(target, ids, drafter=d, k=4, max_new_tokens=12).tokens == \
+            generate(target, ids, max_new_tokens=12).tokens, text
+    assert d.hits_total >= 3 and accepted_ngrams >= 3  # merged proposals were verified and accepted

@@ -190,6 +190,18 @@ def test_python_api_adapts_across_calls():
     assert 0 <= st["accept/rate"] <= 1 and "ngram/size" in st and "adapt/loss" in st
 
 
+def test_python_api_trains_the_acceptance_head_too():
+    from omnidraft.api import load
+
+    dec = load(method="omnidraft", overrides=["debug=tiny", "ablation=adaptive_interleaved", "method.adapt.interval=2",
+                                              "method.draft_length.k_max=6"])
+    for text in ("Hello there", "The quick brown fox", "def f(x):"):
+        dec.generate_text(text, max_new_tokens=8)
+    st = dec.stats()
+    assert st["head/n_updates"] == 3 and st["adapt/n_updates"] == 1  # head every prompt, drafter every 2
+    assert 0 < st["head/pred_accept"] < 1 and "head/loss" in st
+
+
 def test_summary_windows_never_overlap():
     from omnidraft.metrics import summarise
 
