@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -158,9 +159,23 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
     from omnidraft.runner import Session, _plain, start_run, task_templates, uses_draft_model
     from omnidraft.tasks import load_stream, render
 
+    from omnidraft import state as state_io
+    from omnidraft.runner import _diff, fingerprint
+
     check_bench(cfg)
     b = cfg.bench
     base = _base_overrides(cfg)
+    state_root = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.run_dir) / "state"
+    saved = None
+    if cfg.resume:  # a bench of many hours continues from its last checkpoint
+        if not (state_root / "bench.json").is_file():
+            raise OmniDraftError(f"resume=true: no bench checkpoint in {state_root}; pass the interrupted bench's "
+                                 "directory (hydra.run.dir=results/bench/runs/<its time>) or drop resume")
+        saved = json.loads((state_root / "bench.json").read_text())
+        d = _diff(saved["fingerprint"], fingerprint(cfg))
+        if d:
+            raise OmniDraftError(f"cannot resume the bench in {state_root}: the config differs ({d}); "
+                                 "resume with its original overrides")
     run_dir, prov = start_run(cfg, list(base) + [f"bench.{k}={v}" for k, v in _plain(b).items()])
     methods = list(b.methods)
 
@@ -194,14 +209,52 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             for _, _, ids in prompts[: int(b.warmup_prompts)]:
                 sessions[m].generate(ids, max_new_tokens=16)
 
-    log = JSONLLogger(run_dir / "metrics.jsonl")
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    start = 0
+    segments = [{"start": 0, "git_hash": prov.get("git_hash"), "git_dirty": prov.get("git_dirty")}]
+    if saved is not None:
+        start = int(saved["next_index"])
+        if [p[1] for p in prompts[:start]] != saved["prompt_ids"]:
+            raise OmniDraftError(f"cannot resume the bench in {state_root}: its prompts differ from this config's")
+        for m in methods:
+            st = state_io.load(state_root / saved["dir"] / m)
+            sessions[m].restore(st)
+            rows[m] = list(st.rows)
+        segments = saved["segments"] + [{**segments[0], "start": start}]
+        with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:  # the rows up to the checkpoint
+            for i in range(start):
+                for m in methods:
+                    f.write(json.dumps({"step": i, **rows[m][i]}, default=str) + "\n")
+    elif (run_dir / "metrics.jsonl").exists():
+        (run_dir / "metrics.jsonl").unlink()  # a fresh bench in an old directory starts a fresh log
+    prov["segments"] = segments
+    ckpt = int(cfg.checkpoint_every)
+
+    def checkpoint(next_index: int) -> None:
+        """Every method's state after ``next_index`` prompts in a new folder; bench.json, written
+        last and atomically, names it, so a checkpoint is whole or absent; older folders go."""
+        folder = f"at_{next_index:05d}"
+        for m in methods:  # online methods: weights, optimiser, cache; uag: the heuristic's length
+            state_io.save(state_root / folder / m, sessions[m].state(next_index, rows[m], {}))
+        meta = {"next_index": next_index, "dir": folder, "prompt_ids": [p[1] for p in prompts[:next_index]],
+                "fingerprint": fingerprint(cfg), "segments": segments}
+        tmp = state_root / "bench.json.tmp"
+        tmp.write_text(json.dumps(meta, default=str))
+        os.replace(tmp, state_root / "bench.json")
+        for old in state_root.glob("at_*"):
+            if old.name != folder:
+                shutil.rmtree(old, ignore_errors=True)
+
+    log = JSONLLogger(run_dir / "metrics.jsonl")
     status = "ok"
     result: dict[str, Any] = {}
     try:
         profile = bool(b.profile)
-        bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="gen", disable=not cfg.progress)
+        bar = tqdm(total=len(prompts) * len(methods), initial=start * len(methods), desc="bench", unit="gen",
+                   disable=not cfg.progress)
         for i, (task, rid, ids) in enumerate(prompts):
+            if i < start:
+                continue
             order = methods[i % len(methods):] + methods[: i % len(methods)]
             outs = {}
             for m in order:
@@ -229,6 +282,8 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                        "adapt_s": upd.get("adapt/update_s", 0.0)}
                 rows[m].append(row)
                 log.log(row, step=i)
+            if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(prompts):
+                checkpoint(i + 1)
         bar.close()
     except BaseException as e:
         status = f"failed: {type(e).__name__}: {e}"
@@ -242,6 +297,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                              for m in methods}
                          for t in b.tasks if any(r["task"] == t for r in rows[methods[0]][:done])} if done else {},
             "status": status, "n_prompts": done, "tasks": list(b.tasks), "limit_per_task": int(b.limit),
+            "resumed_at": start if saved is not None else None,
             "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
             "max_new_tokens": n_new, "temperature": float(cfg.method.temperature),
             "method_overrides": _plain(b.method_overrides),

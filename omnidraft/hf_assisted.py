@@ -75,6 +75,14 @@ class HFAssisted:
         finally:
             self.assistant_config = saved
 
+    def state_dict(self) -> dict:
+        """What transformers' ``heuristic`` schedule carries from one call to the next."""
+        return {} if self.assistant_config is None else {"num_assistant_tokens": self.assistant_config.num_assistant_tokens}
+
+    def load_state_dict(self, d: dict) -> None:
+        if self.assistant_config is not None and "num_assistant_tokens" in d:
+            self.assistant_config.num_assistant_tokens = d["num_assistant_tokens"]
+
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, eos_ids: set[int],
                  temperature: float = 0.0, generator: torch.Generator | None = None) -> GenerationResult:
         if temperature > 0:

@@ -394,6 +394,8 @@ class Session:
         sd = getattr(self.drafter, "state_dict", None)
         if callable(sd):
             meta["drafter"] = sd()
+        if self.hf is not None:
+            meta["hf"] = self.hf.state_dict()  # transformers' heuristic draft length (uag_k5)
         return state_io.SavedState(meta, tensors, rows)
 
     def restore(self, st: state_io.SavedState) -> None:
@@ -405,6 +407,8 @@ class Session:
             self.head_learner.load_state_dict(st.tensors, st.meta["head"])
         if "policy" in st.meta:
             self.drafter.policy.load_state_dict(st.meta["policy"])
+        if self.hf is not None and "hf" in st.meta:
+            self.hf.load_state_dict(st.meta["hf"])
 
     def drafter_stats(self) -> dict[str, float]:
         stats = getattr(self.drafter, "stats", None)

@@ -306,3 +306,57 @@ def test_hf_ar_is_transformers_plain_generate_and_equals_ar(pair_llama2_qwen, tm
         assert len(res.steps) == res.n_new and all(s.proposed == 0 for s in res.steps)  # one forward a token
     s = run(run_cfg(tmp_path / "r", "method=hf_ar", "task.limit=2", "decode.max_new_tokens=8"))
     assert s["lossless/match_rate"] == 1.0 and s["drafter"] is None and s["accept/mean_len"] == 1.0
+
+
+def test_bench_resumes_from_its_checkpoint_like_an_uninterrupted_bench(tmp_path, monkeypatch):
+    import omnidraft.bench as bench
+    from omnidraft.errors import OmniDraftError
+
+    methods = ["ar", "uag_k5", "osd", "omnidraft"]
+
+    def cfg(name, *extra):
+        return _cfg("bench", "overrides=['debug=tiny']", f"run_dir={tmp_path / name}", f"bench.out_dir={tmp_path / 'out'}",
+                    f"bench.name={name}", "bench.tasks=[synthetic]", "bench.limit=5", "decode.max_new_tokens=10",
+                    f"bench.methods=[{','.join(methods)}]", "method.adapt.interval=1", "progress=false",
+                    "bench.method_overrides.osd=['method.adapt.interval=1']", "checkpoint_every=1", *extra)
+
+    full = bench.run_bench(cfg("full"))
+    real, calls = bench.rss_gib, {"n": 0}
+
+    def crashing():
+        calls["n"] += 1
+        if calls["n"] == 2 * len(methods) + 2:  # inside prompt 2, after the checkpoint at 2
+            raise RuntimeError("simulated crash")
+        return real()
+
+    monkeypatch.setattr(bench, "rss_gib", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bench.run_bench(cfg("cut"))
+    monkeypatch.setattr(bench, "rss_gib", real)
+    resumed = bench.run_bench(cfg("cut", "resume=true"))
+    assert resumed["resumed_at"] == 2 and resumed["n_prompts"] == full["n_prompts"] == 5
+    keys = ("prompt/id", "new_tokens", "steps", "proposed", "accepted", "match_ar")
+    rows = {n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("full", "cut")}
+    assert [{k: r[k] for k in ("method", *keys)} for r in rows["full"]] == \
+        [{k: r[k] for k in ("method", *keys)} for r in rows["cut"]]
+    for m in methods:
+        for k in ("accept/rate", "accept/mean_len", "lossless/match_rate"):
+            assert full["methods"][m][k] == resumed["methods"][m][k], (m, k)
+    with pytest.raises(OmniDraftError, match="config differs"):
+        bench.run_bench(cfg("cut", "resume=true", "decode.max_new_tokens=11"))
+    with pytest.raises(OmniDraftError, match="no bench checkpoint"):
+        bench.run_bench(cfg("fresh", "resume=true"))
+
+
+def test_uag_heuristic_draft_length_is_part_of_the_saved_state(tmp_path):
+    from test_runner import _cfg as run_cfg
+
+    from omnidraft.runner import Session
+
+    a = Session(run_cfg(tmp_path / "a", "method=uag_k5"))
+    a.hf.assistant_config.num_assistant_tokens = 7  # where transformers' heuristic leaves it after a call
+    st = a.state(3, [], {})
+    b = Session(run_cfg(tmp_path / "b", "method=uag_k5"), target=a.target, draft=a.draft_lm)
+    assert b.hf.assistant_config.num_assistant_tokens == 5
+    b.restore(st)
+    assert b.hf.assistant_config.num_assistant_tokens == 7
