@@ -156,11 +156,9 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_bench(cfg: DictConfig) -> dict[str, Any]:
-    from omnidraft.runner import Session, _plain, start_run, task_templates, uses_draft_model
-    from omnidraft.tasks import load_stream, render
-
     from omnidraft import state as state_io
-    from omnidraft.runner import _diff, fingerprint
+    from omnidraft.runner import Session, _diff, _plain, fingerprint, start_run, task_templates, uses_draft_model
+    from omnidraft.tasks import load_stream, render
 
     check_bench(cfg)
     b = cfg.bench

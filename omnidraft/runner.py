@@ -135,10 +135,13 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.resume and cfg.drafter is not None and cfg.drafter.init_state:
         raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
     dr = m.get("drafter") or {}
-    if dr.get("eviction") is not None and dr.get("eviction") not in ("lru", "lfu"):
-        raise OmniDraftError(f"method.drafter.eviction={dr.get('eviction')!r}: use lru or lfu")
-    if dr.get("capacity") is not None and int(dr.get("capacity")) < 1:
-        raise OmniDraftError(f"method.drafter.capacity={dr.get('capacity')} must be >= 1 (or null: unbounded)")
+    if "eviction" in dr or "capacity" in dr:  # the cache's own rule, checked before any model loads
+        from omnidraft.ngram_cache import NgramCache
+
+        try:
+            NgramCache(capacity=dr.get("capacity"), eviction=dr.get("eviction", "lru"))
+        except ValueError as e:
+            raise OmniDraftError(f"method.drafter: {e} (capacity null = unbounded)") from None
     dl = m.draft_length
     if dl.policy not in ("fixed", "heuristic", "head"):
         raise OmniDraftError(f"method.draft_length.policy={dl.policy!r}: use fixed, heuristic or head")
@@ -182,7 +185,7 @@ def check_disjoint(cfg: DictConfig) -> None:
                                  "than this run; use the same so the prompts can be checked to be disjoint")
         return
     a0 = int(split["offset"])
-    a1 = a0 + int(split["n"] if split.get("n") is not None else meta.get("next_index", 0))
+    a1 = a0 + int(split.get("n", meta.get("next_index", 0)))  # online states: the prompts done so far
     b0 = int(t.offset)
     b1 = b0 + int(t.limit) if t.limit is not None else float("inf")
     if a0 < b1 and b0 < a1:
@@ -246,11 +249,7 @@ class Session:
         self.head_learner = None
         self.hf = None
         m = cfg.method
-        if m.name != "ar" and m.engine != "hf_assisted" and not uses_draft_model(m):  # model-free (prompt lookup)
-            v_t = self.target.model.get_output_embeddings().weight.shape[0]
-            self.drafter = call_with(instantiate(m.drafter), target_vocab_size=v_t, target_eos=self.target.eos_ids,
-                                     tokenizer=self.target.tokenizer)
-        elif m.engine == "hf_assisted":
+        if m.engine == "hf_assisted":
             from omnidraft.hf_assisted import HFAssisted
 
             hf = _plain(m.hf)
@@ -261,6 +260,10 @@ class Session:
             dm = self.draft_lm
             self.hf = HFAssisted(self.target.model, dm.model if dm else None, self.target.tokenizer,
                                  dm.tokenizer if dm else None, **hf)
+        elif m.name != "ar" and not uses_draft_model(m):  # model-free drafting (prompt lookup)
+            v_t = self.target.model.get_output_embeddings().weight.shape[0]
+            self.drafter = call_with(instantiate(m.drafter), target_vocab_size=v_t, target_eos=self.target.eos_ids,
+                                     tokenizer=self.target.tokenizer)
         elif m.name != "ar":
             self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
             if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
@@ -523,9 +526,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ckpt = int(cfg.checkpoint_every)
     t = cfg.task
     meta = {"fingerprint": fingerprint(cfg), "segments": segments,
-            # the prompts this state adapted on (n = next_index), for runner.check_disjoint
-            "train_split": {"task": t.name, "offset": int(t.offset), "n": None,
-                            "shuffle": bool(t.shuffle), "seed": int(cfg.seed)},
+            # the prompts this state adapted on (their number is next_index), for runner.check_disjoint
+            "train_split": {"task": t.name, "offset": int(t.offset), "shuffle": bool(t.shuffle),
+                            "seed": int(cfg.seed)},
             "tokenizers": {"target": tokenizer_hash(sess.target.tokenizer),
                            "drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
     summary: dict[str, Any] = {}

@@ -47,8 +47,8 @@ def test_debug_tiny_writes_run_files(tmp_path):
     (["debug=tiny", "method.kk=3"], ["kk"]),
     (["target=nope"], ["nope"]),
     (["debug=tiny", "method.k=0"], ["method.k=0"]),
-    (["debug=tiny", "method=omnidraft", "method.drafter.eviction=lfuu"], ["eviction='lfuu'", "lru or lfu"]),
-    (["debug=tiny", "method=omnidraft", "method.drafter.capacity=0"], ["method.drafter.capacity=0 must be >= 1"]),
+    (["debug=tiny", "method=omnidraft", "method.drafter.eviction=lfuu"], ["method.drafter: eviction must be 'lru' or 'lfu', got 'lfuu'"]),
+    (["debug=tiny", "method=omnidraft", "method.drafter.capacity=0"], ["method.drafter: capacity must be >= 1", "got 0"]),
     (["debug=tiny", "ablation=adaptive_joint", "method.draft_length.gamma_infer=0.5"], ["gamma_infer", "head_learn=false"]),
 ])
 def test_bad_overrides(tmp_path, args, needles):
