@@ -45,6 +45,15 @@ def load(run: Path) -> tuple[dict, bool]:
     return s, not done
 
 
+def cpu(s: dict) -> str:
+    """The CPU ISA each segment ran on (speedups from different ISAs are not comparable:
+    bf16 is native with AVX512-BF16 and emulated, several times slower, on AVX2)."""
+    prov = s.get("provenance") or {}
+    caps = [g.get("cpu_capability") for g in prov.get("segments") or []] or [prov.get("cpu_capability")]
+    seen = list(dict.fromkeys(c or "unrecorded" for c in caps))
+    return "+".join(seen)
+
+
 def fmt(v, f: str) -> str:
     if v is None:
         return "-"
@@ -54,15 +63,15 @@ def fmt(v, f: str) -> str:
 def table(group: str) -> str:
     runs = [ROOT / "results" / Path(*ALIAS.get((group, n), (group, n))) for n in ORDER[group]]
     cols = COLS[group]
-    lines = ["| run | " + " | ".join(c for c, _, _ in cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    lines = ["| run | " + " | ".join(c for c, _, _ in cols) + " | CPU |", "|" + "---|" * (len(cols) + 2)]
     for run in runs:
         if not (run / "metrics.jsonl").exists():
-            lines.append(f"| {run.name} | " + " | ".join("not run" if i == 0 else "" for i in range(len(cols))) + " |")
+            lines.append(f"| {run.name} | " + " | ".join("not run" if i == 0 else "" for i in range(len(cols) + 1)) + " |")
             continue
         s, partial = load(run)
         name = run.name if run.parent.name == group else f"{run.parent.name}/{run.name}"
         name += " (partial)" if partial else ""
-        lines.append(f"| {name} | " + " | ".join(fmt(s.get(k), f) for _, k, f in cols) + " |")
+        lines.append(f"| {name} | " + " | ".join(fmt(s.get(k), f) for _, k, f in cols) + f" | {cpu(s)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -32,6 +32,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from omnidraft import provenance
 from omnidraft.errors import OmniDraftError
 from omnidraft.loggers import JSONLLogger
 from omnidraft.profiling import ForwardTimer, peak_rss_gib, rss_gib
@@ -209,7 +210,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
 
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     start = 0
-    segments = [{"start": 0, "git_hash": prov.get("git_hash"), "git_dirty": prov.get("git_dirty")}]
+    segments = [provenance.segment(prov, 0)]
     if saved is not None:
         start = int(saved["next_index"])
         if [p[1] for p in prompts[:start]] != saved["prompt_ids"]:
@@ -218,7 +219,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             st = state_io.load(state_root / saved["dir"] / m)
             sessions[m].restore(st)
             rows[m] = list(st.rows)
-        segments = saved["segments"] + [{**segments[0], "start": start}]
+        segments = saved["segments"] + [provenance.segment(prov, start)]
         with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:  # the rows up to the checkpoint
             for i in range(start):
                 for m in methods:
@@ -334,7 +335,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['max_new_tokens']} new tokens, temperature {result['temperature']}, status {result['status']}. "
              f"Git {str(result['provenance'].get('git_hash'))[:10]}"
              f"{' (dirty)' if result['provenance'].get('git_dirty') else ''}, "
-             f"{result['provenance'].get('cpu')}, torch threads {result['provenance'].get('torch_threads')}."]
+             f"{result['provenance'].get('cpu')} ({result['provenance'].get('cpu_capability')}), torch threads {result['provenance'].get('torch_threads')}."]
     per_task = {t: o for t, o in (result.get("task_overrides") or {}).items() if o and t in result["tasks"]}
     if per_task:
         lines.append("Task overrides: " + "; ".join(f"{t}: {' '.join(o)}" for t, o in per_task.items()) + ".")

@@ -35,6 +35,33 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+_SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def cpu_isa() -> dict[str, Any]:
+    """The instruction-set facts that decide CPU speed here: bf16 is native only with
+    avx512_bf16/amx_bf16; without them torch emulates it and bf16 runs several times slower."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        capability = None
+    return {"cpu_capability": capability, "cpu_flags": [f for f in _SPEED_FLAGS if f in flags]}
+
+
+def segment(prov: dict[str, Any], start: int) -> dict[str, Any]:
+    """One run segment (a stream resumed later, perhaps on another machine, adds one)."""
+    return {"start": start, "git_hash": prov.get("git_hash"), "git_dirty": prov.get("git_dirty"),
+            "cpu": prov.get("cpu"), "cpu_capability": prov.get("cpu_capability")}
+
+
 def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
     versions = {}
     for p in _PACKAGES:
@@ -54,6 +81,7 @@ def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
+        **cpu_isa(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
         "seed": seed,

@@ -502,11 +502,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     rows: list[dict[str, Any]] = []
     start = 0
-    segments = [{"start": 0, "git_hash": prov.get("git_hash"), "git_dirty": prov.get("git_dirty")}]
+    segments = [provenance.segment(prov, 0)]
     if saved is not None:
         sess.restore(saved)
         rows, start = list(saved.rows), int(saved.meta["next_index"])
-        segments = saved.meta.get("segments", []) + [{**segments[0], "start": start}]
+        segments = saved.meta.get("segments", []) + [provenance.segment(prov, start)]
         with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:  # drop rows past the checkpoint
             for n, r in enumerate(rows):
                 f.write(json.dumps({"step": n, **r}, default=str) + "\n")

@@ -144,6 +144,9 @@ def test_save_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
         assert full[key] == resumed[key], key
     segs = resumed["provenance"]["segments"]
     assert [s["start"] for s in segs] == [0, 3]
+    # each segment says which CPU ISA it ran on: a stream resumed on another machine shows it
+    assert all(s["cpu_capability"] == resumed["provenance"]["cpu_capability"] for s in segs)
+    assert resumed["provenance"]["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512", "NO AVX", "ZVECTOR", "VSX"}
 
 
 def test_resume_refuses_a_different_config_and_a_missing_state(tmp_path):
