@@ -49,3 +49,45 @@ def prefix_copy(cache: DynamicCache, n: int, model) -> DynamicCache:
     later updates of the copy concatenate into new tensors)."""
     data = [(layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in cache.layers]
     return DynamicCache(ddp_cache_data=data, config=model.config)
+
+
+# Architectures whose every layer attends through the one mask passed in (no sliding-window or
+# bidirectional layers that would need a mask of their own): safe for a custom 4D tree mask.
+_TREE_MASK_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def tree_mask_ok(model) -> bool:
+    cfg = model.config
+    return cfg.model_type in _TREE_MASK_TYPES and not getattr(cfg, "use_sliding_window", False)
+
+
+def forward_branches(model, cache: DynamicCache, branches: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+    """Several continuations of one cached prefix in ONE forward pass (tree attention).
+
+    Branch i = (n_i, ids_i): ids_i continues the first n_i cached positions, at positions
+    n_i, n_i + 1, ... It attends to cache positions < n_i and to its own earlier tokens only,
+    so its logits equal those of feeding ids_i after ``prefix_copy(cache, n_i)``. Gradients flow
+    (call under no_grad for inference); ``cache`` is extended by the pass: do not reuse it.
+
+    Returns:
+        logits (len(ids_i), V) per branch.
+    """
+    past = cache_len(cache)
+    lens = [len(ids) for _, ids in branches]
+    total = sum(lens)
+    dev = model.device
+    allowed = torch.zeros(total, past + total, dtype=torch.bool, device=dev)
+    pos, ids, at = [], [], 0
+    for (n, b), m in zip(branches, lens):
+        if not 0 <= n <= past:
+            raise ValueError(f"branch prefix {n} outside the cached {past} positions")
+        allowed[at:at + m, :n] = True
+        allowed[at:at + m, past + at:past + at + m] = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
+        pos.extend(range(n, n + m))
+        ids.extend(b)
+        at += m
+    dtype = model.get_input_embeddings().weight.dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
+    out = model(input_ids=torch.tensor([ids], device=dev), cache=cache, use_cache=True,
+                attention_mask=mask[None, None], position_ids=torch.tensor([pos], device=dev)).logits[0]
+    return list(torch.split(out, lens))

@@ -98,6 +98,8 @@ class OnlineLearner:
             first rejected proposal of each step, where the target's distribution is conditioned
             on accepted text: Online Speculative Decoding's data).
         jsd_beta: beta of the 'jsd' divergence.
+        tree: batch the examples of one sequence into one forward pass with a tree attention
+            mask (Llama/Qwen2-style models; others always take one pass per example).
 
     Losses 'fkl', 'rkl', 'jsd', 'tvd' are one divergence between the target's distribution
     (renormalised over the target tokens the drafter can reach) and the drafter's lifted one, at
@@ -108,7 +110,8 @@ class OnlineLearner:
     def __init__(self, model, bridge: VocabBridge, *, lam: float = 0.2, loss: str = "kl_nll",
                  lr: float = 1e-4, weight_decay: float = 0.01, batch_size: int = 8,
                  steps_per_update: int = 1, seed: int = 0, context_grad: bool = False,
-                 train_dtype: str = "float32", positions: str = "drafted", jsd_beta: float = 0.5):
+                 train_dtype: str = "float32", positions: str = "drafted", jsd_beta: float = 0.5,
+                 tree: bool = True):
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.positions, self.jsd_beta = positions, float(jsd_beta)
@@ -135,8 +138,14 @@ class OnlineLearner:
         for p in t_named.values():
             p.requires_grad_(False)
         self.master = [t_named[n] for n in self.names]
-        self.opt = torch.optim.AdamW(self.master, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+        # fused AdamW: one kernel over all tensors (~7x faster than foreach for a 135M drafter on CPU)
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.master)
+        self.opt = torch.optim.AdamW(self.master, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay,
+                                     fused=fused or None)
         self.context_grad = bool(context_grad)
+        # The examples of one sequence share a cached context: one tree-attention pass serves
+        # them all (same logits as one pass per example, ~batch_size x fewer passes).
+        self.tree = tree and kv.tree_mask_ok(self.train_model)
         self.n_updates = 0
         self._seq = 0
 
@@ -194,15 +203,22 @@ class OnlineLearner:
             if len(base) > 1:
                 with torch.no_grad():
                     m(input_ids=torch.tensor([base[:-1]], device=dev), cache=cache, logits_to_keep=1)
+            branches = []
             for i in idx:
                 ex = examples[i]
                 n = 0
                 lim = min(len(ex.ctx) - 1, len(base) - 1)
                 while n < lim and ex.ctx[n] == base[n]:
                     n += 1
+                branches.append((n, ex.ctx[n:] + ex.drafts[:-1]))
+            if self.tree:  # every example of the sequence in one pass (tree attention)
+                for i, lg in zip(idx, kv.forward_branches(m, cache, branches)):
+                    out[i] = lg[-len(examples[i].drafts):].float()
+                continue
+            for i, (n, b) in zip(idx, branches):
                 c = kv.prefix_copy(cache, n, m) if len(base) > 1 else kv.new_cache(m)
-                ids = torch.tensor([ex.ctx[n:] + ex.drafts[:-1]], device=dev)
-                out[i] = m(input_ids=ids, cache=c, logits_to_keep=len(ex.drafts)).logits[0].float()
+                ids = torch.tensor([b], device=dev)
+                out[i] = m(input_ids=ids, cache=c, logits_to_keep=len(examples[i].drafts)).logits[0].float()
         return out
 
     def losses(self, examples: list[Example]) -> dict[str, torch.Tensor]:

@@ -111,3 +111,39 @@ def test_context_grad_variant_and_master_weights(pair_llama2_qwen):
         assert after < before, (context_grad, dtype)
         assert all(m.dtype == torch.float32 for m in learner.master)
         assert any(not torch.equal(a, b) for a, b in zip(w0, learner.params))
+
+
+@pytest.mark.parametrize("pair", ["pair_llama2_qwen", "pair_llama2_llama3"])
+def test_tree_attention_pass_equals_one_pass_per_example(pair, request):
+    """The examples of one sequence share a cached context and go through ONE forward pass with
+    a tree mask: logits, loss and gradients equal those of one pass per example (fp32)."""
+    target, ttok, _, dtok, bridge = request.getfixturevalue(pair)
+    drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)
+    learner = OnlineLearner(drafter, bridge, lr=1e-3, weight_decay=0.0, batch_size=8)
+    assert learner.tree  # llama and qwen2 take the tree path
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learner=learner)
+    for text in PROMPTS[:3]:
+        generate(target, ttok.encode(text), drafter=d, k=4, max_new_tokens=24)
+    batch = list(learner.buffer)
+    assert len({ex.seq for ex in batch}) == 3 and len(batch) > 6
+    # several examples of one sequence whose contexts part from the longest one before its end
+    assert any(len(ex.ctx) < max(len(e.ctx) for e in batch if e.seq == ex.seq) for ex in batch)
+    grads = {}
+    for tree in (True, False):
+        learner.tree = tree
+        logits = learner._draft_logits(batch)
+        for p in learner.master:
+            p.requires_grad_(True)
+        loss = learner.losses(batch)["loss"]
+        loss.backward()
+        grads[tree] = (logits, float(loss.detach()), [p.grad.clone() for p in learner.master])
+        for p in learner.master:
+            p.grad = None
+            p.requires_grad_(False)
+    (lt, at, gt), (lf, af, gf) = grads[True], grads[False]
+    for a, b in zip(lt, lf):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
+    assert at == pytest.approx(af, rel=1e-4)
+    for a, b in zip(gt, gf):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
