@@ -4,7 +4,10 @@
     .venv/bin/python experiments/make_tables.py adaptive    # results/adaptive/*/summary.json -> results/adaptive/table.md
 
 A summary written while its stream was still running (or without one: the stream's
-metrics.jsonl alone) is summarised from metrics.jsonl and marked partial.
+metrics.jsonl alone) is summarised from metrics.jsonl and marked partial. "gain first/last
+window" is a run's acceptance minus its reference run's (spd_dm; sv_fixed or the cross-vocab
+omnidraft for the adaptive table) on the same prompts, so prompt difficulty cancels out. The CPU
+column is torch's capability per segment (speedups from AVX2 and AVX512 machines differ).
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ORDER = {"core": ["spd_dm", "cache_pp", "dm_only", "omnidraft", "lora"],
          "adaptive": ["sv_fixed", "sv_heuristic", "sv_joint", "sv_interleaved", "xv_fixed", "xv_joint"]}
 ALIAS = {("adaptive", "xv_fixed"): ("core", "omnidraft")}  # the same stream serves both tables
+# Later GSM8K prompts are harder for every drafter, so a run's last window vs its first mixes
+# learning with prompt difficulty. "gain" columns subtract the frozen drafter's acceptance on the
+# SAME prompts (by prompt index) in each window: the frozen drafter for the core runs, the
+# fixed-k run of the same pair for the adaptive ones.
+REFERENCE = {"core": lambda name: ("core", "spd_dm"),
+             "adaptive": lambda name: ("adaptive", "sv_fixed") if name.startswith("sv_") else ("core", "omnidraft")}
 COLS = {
     "core": [("prompts", "n_prompts", "d"), ("acc first window", "accept/rate_first_window", ".3f"),
              ("acc last window", "accept/rate_last_window", ".3f"), ("acc all", "accept/rate", ".3f"),
@@ -38,11 +47,35 @@ def load(run: Path) -> tuple[dict, bool]:
     from omnidraft.metrics import summarise
 
     s = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
+    rows = _rows(run)
     done = s.get("status") == "ok" and s.get("n_prompts") == len(rows)
     if not done and rows:
         s = {**s, **summarise(rows, True, 50)}
     return s, not done
+
+
+def _rows(run: Path) -> list[dict]:
+    f = run / "metrics.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+
+def _rate(rows: list[dict]) -> float | None:
+    prop = sum(r.get("sd/proposed") or 0 for r in rows)
+    return sum(r.get("sd/accepted") or 0 for r in rows) / prop if prop else None
+
+
+def gains(rows: list[dict], ref: list[dict], window: int) -> tuple[float | None, float | None]:
+    """(first-window, last-window) acceptance minus the reference run's on the same prompts."""
+    by_index = {r["prompt/index"]: r for r in ref}
+    w = max(1, min(window, len(rows) // 2))
+    out = []
+    for part in (rows[:w], rows[-w:]):
+        if not part or any(r["prompt/index"] not in by_index for r in part):
+            out.append(None)
+            continue
+        a, b = _rate(part), _rate([by_index[r["prompt/index"]] for r in part])
+        out.append(None if a is None or b is None else a - b)
+    return out[0], out[1]
 
 
 def cpu(s: dict) -> str:
@@ -63,15 +96,20 @@ def fmt(v, f: str) -> str:
 def table(group: str) -> str:
     runs = [ROOT / "results" / Path(*ALIAS.get((group, n), (group, n))) for n in ORDER[group]]
     cols = COLS[group]
-    lines = ["| run | " + " | ".join(c for c, _, _ in cols) + " | CPU |", "|" + "---|" * (len(cols) + 2)]
-    for run in runs:
+    lines = ["| run | " + " | ".join(c for c, _, _ in cols) + " | reference | gain first window | gain last window | CPU |",
+             "|" + "---|" * (len(cols) + 5)]
+    for short, run in zip(ORDER[group], runs):
+        ref_dir = ROOT / "results" / Path(*REFERENCE[group](short))
+        ref = _rows(ref_dir)
         if not (run / "metrics.jsonl").exists():
-            lines.append(f"| {run.name} | " + " | ".join("not run" if i == 0 else "" for i in range(len(cols) + 1)) + " |")
+            lines.append(f"| {run.name} | " + " | ".join("not run" if i == 0 else "" for i in range(len(cols) + 4)) + " |")
             continue
         s, partial = load(run)
         name = run.name if run.parent.name == group else f"{run.parent.name}/{run.name}"
         name += " (partial)" if partial else ""
-        lines.append(f"| {name} | " + " | ".join(fmt(s.get(k), f) for _, k, f in cols) + f" | {cpu(s)} |")
+        g = gains(_rows(run), ref, int(s.get("accept/window") or 50)) if ref else (None, None)
+        lines.append(f"| {name} | " + " | ".join(fmt(s.get(k), f) for _, k, f in cols) + f" | {ref_dir.name}"
+                     + "".join(f" | {fmt(x, '+.3f')}" for x in g) + f" | {cpu(s)} |")
     return "\n".join(lines) + "\n"
 
 
