@@ -6,10 +6,12 @@
 #   bash experiments/run_stream.sh core spd_dm 0 method=spd_dm               (issue 3)
 #   bash experiments/run_stream.sh adaptive sv_joint 1 drafter=qwen25_coder_05b ablation=adaptive_joint  (issue 5)
 # Writes summary.json, config.yaml, metrics.jsonl; state/ is the checkpoint (git-ignored).
+# RUNS_ROOT=DIR runs in DIR/GROUP/NAME instead of results/GROUP/NAME (e.g. a disk that outlives the
+# checkout, for a stream resumed across sessions); copy its files into results/ when it is done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 group=$1; name=$2; core=$3; shift 3
-dir=results/$group/$name
+dir=${RUNS_ROOT:-results}/$group/$name
 resume=false
 [ -f "$dir/state/meta.json" ] && resume=true
 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 exec taskset -c "$core" .venv/bin/omnidraft "$@" task.limit=200 \
