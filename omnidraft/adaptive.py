@@ -14,8 +14,11 @@ trained against (one BCE term per merged proposal on that product). Stopping ins
 leaves a partial spelling, which the merge pass treats like any other draft (truncates there unless
 the first sub-token is directly mapped).
 
-Training (:class:`HeadLearner`): soft labels min(1, p(y_i) / q(y_i)) at T=1 from the verification
-pass already computed, for proposals up to and including the first rejection; weighted BCE with the
+Training (:class:`HeadLearner`): soft labels min(1, p(y_i) / q(y_i)) from the verification pass
+already computed, for proposals up to and including the first rejection. ``label='verify'``
+(default) takes p and q at the verification temperature, so under greedy verification the label is
+the T -> 0 limit of that ratio: 1 when y_i is the target's argmax (accepted), else 0;
+``label='t1'`` takes them at T=1 whatever the verification does. Weighted BCE with the
 mismatch (label 0) term weighted ``mismatch_weight`` (SpecDec++: ~6). ``joint``: one update per
 distillation interval on the examples collected since; ``interleaved``: an update every
 ``every`` prompts on a FIFO replay buffer of bounded size.
@@ -136,13 +139,18 @@ class HeadLearner:
             'interleaved' (update every ``every`` prompts from a FIFO replay buffer of ``replay``
             proposals, ``steps`` mini-batches each time).
         learn: False serves the head frozen: only the calibration is recorded.
+        label: 'verify' (labels at the verification temperature; greedy: accept indicator) or
+            't1' (min(1, p/q) at T=1).
     """
 
     def __init__(self, head: AcceptanceHead, *, mode: str = "joint", lr: float = 1e-3,
                  mismatch_weight: float = 6.0, batch_size: int = 64, replay: int = 4096,
-                 steps: int = 4, every: int = 1, seed: int = 0, learn: bool = True):
+                 steps: int = 4, every: int = 1, seed: int = 0, learn: bool = True, label: str = "verify"):
         if mode not in ("joint", "interleaved"):
             raise ValueError(f"head mode must be joint or interleaved, got {mode!r}")
+        if label not in ("verify", "t1"):
+            raise ValueError(f"head label must be verify or t1, got {label!r}")
+        self.label = label
         self.head, self.mode, self.w = head, mode, float(mismatch_weight)
         self.batch_size, self.steps, self.every = int(batch_size), int(steps), int(every)
         self.buffer: deque = deque(maxlen=int(replay) if mode == "interleaved" else None)

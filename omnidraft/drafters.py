@@ -49,6 +49,7 @@ class _ModelDrafter:
         self.last_drafts: list[int] = []
         self._hidden: list[torch.Tensor] = []
         self._q_tok: list[float] = []
+        self._label_t = 1.0  # temperature of the head's labels in the current step
         self._prop_ids: list[int] = []
         self.drafted_total = 0
         if allowed is not None:
@@ -109,6 +110,9 @@ class _ModelDrafter:
         qs: list[torch.Tensor] = []
         want_hidden = self.policy.needs_hidden or self.head_learner is not None
         self._hidden, self._q_tok = [], []
+        # the head's labels follow the verification temperature ('verify') or T=1 ('t1')
+        label_t = 1.0 if self.head_learner is None or self.head_learner.label == "t1" else temperature
+        self._label_t = label_t
         self.policy.begin()
         for _ in range(self.policy.max_len(k)):
             if want_hidden:
@@ -126,8 +130,8 @@ class _ModelDrafter:
                 qd = probs(logits, temperature).cpu()
                 d = int(torch.multinomial(qd, 1, generator=generator))
                 qs.append(qd)
-            if self.head_learner is not None:
-                self._q_tok.append(float(torch.softmax(logits, -1)[d]))
+            if self.head_learner is not None and label_t > 0:
+                self._q_tok.append(float(qd[d]) if label_t == temperature else float(torch.softmax(logits, -1)[d]))
             drafts.append(d)
             if self._to_target(d) in self.target_eos or not self.policy.keep_going(h):
                 break
@@ -146,20 +150,31 @@ class _ModelDrafter:
         return [(i, i + 1) for i in range(len(self._prop_ids))]
 
     def _after_verify(self, n_accepted: int, target_logits) -> None:
-        """Feed the draft-length policy and the head learner with this step's verification."""
-        m = len(self._prop_ids)
+        """Feed the draft-length policy and the head learner with this step's verification.
+
+        Labels are min(1, p_T(y) / q_T(y)) at the label temperature T (q of a merged n-gram: the
+        product of its sub-tokens'); at T=0 that is its limit, 1 when y is the target's argmax
+        (exactly greedy verification's accept) and 0 otherwise. A step's proposal is consumed
+        here: a verification with nothing proposed (the loop's last one-token step) sees m = 0."""
+        m, prop, hidden = len(self._prop_ids), self._prop_ids, self._hidden
+        self._prop_ids, self._hidden = [], []
         self.policy.observe(m, n_accepted)
-        if self.head_learner is None or target_logits is None or not m or not self._hidden:
+        if self.head_learner is None or target_logits is None or not m or not hidden:
             return
         groups = self._groups()[: min(m, n_accepted + 1)]  # up to and including the first rejection
-        p = torch.softmax(target_logits[: len(groups)].float(), -1)
-        labels = []
-        for i, (s, e) in enumerate(groups):
-            q = 1.0
-            for j in range(s, e):
-                q *= self._q_tok[j]
-            labels.append(min(1.0, float(p[i, self._prop_ids[i]]) / max(q, 1e-12)))
-        self.head_learner.record(torch.stack(self._hidden), groups, labels,
+        rows = target_logits[: len(groups)].float()
+        if self._label_t <= 0:
+            top = rows.argmax(-1).tolist()
+            labels = [float(top[i] == prop[i]) for i in range(len(groups))]
+        else:
+            p = torch.softmax(rows / self._label_t, -1)
+            labels = []
+            for i, (s, e) in enumerate(groups):
+                q = 1.0
+                for j in range(s, e):
+                    q *= self._q_tok[j]
+                labels.append(min(1.0, float(p[i, prop[i]]) / max(q, 1e-12)))
+        self.head_learner.record(torch.stack(hidden), groups, labels,
                                  [i < n_accepted for i in range(len(groups))])
 
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:

@@ -6,8 +6,11 @@ computed (no extra target forward). Every ``interval`` prompts the runner calls 
 which runs AdamW on the buffer and clears it (no replay). The target is never touched.
 
 Training runs on a copy of the drafter in ``train_dtype`` (fp32 by default) whose trainable
-parameters are the optimiser's master weights; after each optimiser step they are cast back into
-the inference drafter. Mini-batches are runs of up to ``batch_size`` consecutive steps of one
+parameters are the optimiser's master weights; after each update they are cast back into the
+inference drafter. With LoRA only the training copy carries adapters (peft); the served drafter
+stays a plain model whose adapted linear weights are the merged ``W + scale * B @ A``, computed in
+``train_dtype`` from the frozen base weights and cast once, so serving costs no extra matmuls and
+repeated merges never accumulate rounding. Mini-batches are runs of up to ``batch_size`` consecutive steps of one
 prompt (their order shuffled), so each batch computes its shared context once.
 """
 
@@ -59,16 +62,50 @@ class Example:
         return [j for s, e, _ in self.ngrams for j in range(s, e)]
 
 
-def with_lora(model, rank: int, alpha: int | None = None, target_modules: list[str] | None = None):
-    """Wrap a drafter with LoRA adapters (peft); the base weights stay frozen."""
+def with_lora(model, rank: int, alpha: int | None = None, target_modules: list[str] | None = None,
+              seed: int = 0):
+    """Wrap a model with LoRA adapters (peft); the base weights stay frozen. The adapters'
+    random initialisation draws from ``seed``, not from (or into) the global torch RNG."""
     from peft import LoraConfig, get_peft_model
 
     cfg = LoraConfig(r=int(rank), lora_alpha=int(alpha or 2 * rank), lora_dropout=0.0,
                      target_modules=list(target_modules or ["q_proj", "k_proj", "v_proj", "o_proj"]))
-    wrapped = get_peft_model(model, cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        wrapped = get_peft_model(model, cfg)
     for p in wrapped.parameters():
         p.requires_grad_(False)
     return wrapped.eval()
+
+
+def lora_layers(peft_model) -> dict[str, torch.nn.Module]:
+    """Module path in the unwrapped model -> its peft LoRA layer."""
+    from peft.tuners.lora import LoraLayer
+
+    return {n: m for n, m in peft_model.get_base_model().named_modules() if isinstance(m, LoraLayer)}
+
+
+@torch.no_grad()
+def merge_lora_into(served: torch.nn.Module, peft_model) -> int:
+    """Write ``base + delta`` of every LoRA layer of ``peft_model`` into the weight of the module at
+    the same path in ``served`` (a plain model of the same architecture). Returns the count."""
+    layers = lora_layers(peft_model)
+    for name, mod in layers.items():
+        w = served.get_submodule(name).weight
+        delta = sum(mod.get_delta_weight(a) for a in mod.active_adapters)
+        w.copy_((mod.base_layer.weight + delta).to(w.dtype))
+    return len(layers)
+
+
+def merge_lora_state(served: torch.nn.Module, tensors: dict[str, torch.Tensor], lora, dtype=torch.float32) -> int:
+    """Serve a saved LoRA state (``param.<name>`` adapter tensors) frozen: merge it into ``served``."""
+    from omnidraft.state import load_weights
+
+    if any("lora_" in n for n, _ in served.named_parameters()):
+        raise ValueError("merge_lora_state serves into a plain model; this one already carries LoRA adapters")
+    wrapped = with_lora(copy.deepcopy(served).to(dtype), *lora)
+    load_weights(wrapped, tensors)
+    return merge_lora_into(served, wrapped)
 
 
 def _bernoulli_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
@@ -100,6 +137,8 @@ class OnlineLearner:
         jsd_beta: beta of the 'jsd' divergence.
         tree: batch the examples of one sequence into one forward pass with a tree attention
             mask (Llama/Qwen2-style models; others always take one pass per example).
+        lora: None (full fine-tuning) or (rank, alpha, target_modules): LoRA adapters on the
+            training copy only; ``model`` must be a plain model, served with merged weights.
 
     Losses 'fkl', 'rkl', 'jsd', 'tvd' are one divergence between the target's distribution
     (renormalised over the target tokens the drafter can reach) and the drafter's lifted one, at
@@ -111,7 +150,7 @@ class OnlineLearner:
                  lr: float = 1e-4, weight_decay: float = 0.01, batch_size: int = 8,
                  steps_per_update: int = 1, seed: int = 0, context_grad: bool = False,
                  train_dtype: str = "float32", positions: str = "drafted", jsd_beta: float = 0.5,
-                 tree: bool = True):
+                 tree: bool = True, lora=None):
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.positions, self.jsd_beta = positions, float(jsd_beta)
@@ -127,17 +166,21 @@ class OnlineLearner:
         self.map_cols = torch.searchsorted(self.cols, tgt)
         self.buffer: list[Example] = []
         self.rng = random.Random(seed)
-        # With LoRA (peft) only the adapter weights train; otherwise the whole drafter.
-        named = dict(model.named_parameters())
-        lora = [n for n in named if "lora_" in n]
-        self.names = lora if lora else list(named)
-        self.params = [named[n] for n in self.names]
+        if any("lora_" in n for n, _ in model.named_parameters()):
+            raise ValueError("OnlineLearner takes the plain drafter; pass lora=(rank, alpha, modules) "
+                             "for LoRA (the adapters live on the training copy, served merged)")
+        self.lora = tuple(lora) if lora else None
         self.train_model = copy.deepcopy(model).to(DTYPES[train_dtype])
+        if self.lora:  # only the adapter weights train
+            self.train_model = with_lora(self.train_model, *self.lora, seed=seed)
         self.train_model.eval()
         t_named = dict(self.train_model.named_parameters())
         for p in t_named.values():
             p.requires_grad_(False)
+        self.names = [n for n in t_named if "lora_" in n] if self.lora else list(t_named)
         self.master = [t_named[n] for n in self.names]
+        named = dict(model.named_parameters())
+        self.params = [] if self.lora else [named[n] for n in self.names]
         # fused AdamW: one kernel over all tensors (~7x faster than foreach for a 135M drafter on CPU)
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.master)
         self.opt = torch.optim.AdamW(self.master, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay,
@@ -269,6 +312,9 @@ class OnlineLearner:
 
     @torch.no_grad()
     def _sync_weights(self) -> None:
+        if self.lora:
+            merge_lora_into(self.model, self.train_model)
+            return
         for p, m in zip(self.params, self.master):
             p.copy_(m.to(p.dtype))
 

@@ -27,7 +27,7 @@ from omnidraft.instantiate import call_with, check_targets
 from omnidraft.loggers import JSONLLogger, MultiLogger
 from omnidraft.metrics import drafter_row, prompt_row, summarise
 from omnidraft.models import LoadedModel, load_model
-from omnidraft.online import OnlineLearner, with_lora
+from omnidraft.online import OnlineLearner, merge_lora_state
 from omnidraft.quality import score as quality_score
 from omnidraft.quality import summarise_quality
 from omnidraft.tasks import format_prompt, load_stream, render
@@ -147,6 +147,8 @@ def check_config(cfg: DictConfig) -> None:
         raise OmniDraftError(f"method.draft_length.policy={dl.policy!r}: use fixed, heuristic or head")
     if dl.head_mode not in ("joint", "interleaved"):
         raise OmniDraftError(f"method.draft_length.head_mode={dl.head_mode!r}: use joint or interleaved")
+    if dl.head_label not in ("verify", "t1"):
+        raise OmniDraftError(f"method.draft_length.head_label={dl.head_label!r}: use verify or t1")
     if not 1 <= dl.k_min <= dl.k_max:
         raise OmniDraftError(f"method.draft_length: need 1 <= k_min <= k_max, got {dl.k_min}..{dl.k_max}")
     if dl.gamma is not None and not 0 < dl.gamma < 1:
@@ -232,6 +234,14 @@ def drafter_accepts(m, arg: str) -> bool:
     return arg in inspect.signature(import_target(m.drafter["_target_"])).parameters
 
 
+def _load_init_weights(model, init) -> None:
+    """Serve a saved drafter state frozen: its weights, or a LoRA state merged into the weights."""
+    if init.meta.get("lora"):
+        merge_lora_state(model, init.tensors, tuple(init.meta["lora"]))
+    else:
+        state_io.load_weights(model, init.tensors)
+
+
 class Session:
     """Loaded models + drafter for one (target, drafter, method): what notebooks use."""
 
@@ -256,7 +266,7 @@ class Session:
             if hf.pop("assistant"):
                 self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
                 if cfg.drafter.init_state:
-                    state_io.load_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state).tensors)
+                    _load_init_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state))
             dm = self.draft_lm
             self.hf = HFAssisted(self.target.model, dm.model if dm else None, self.target.tokenizer,
                                  dm.tokenizer if dm else None, **hf)
@@ -278,20 +288,20 @@ class Session:
             lora = (a.lora_rank, a.lora_alpha, list(a.lora_target_modules)) if a.enabled and a.lora_rank else None
             if init is not None and init.meta.get("lora") and lora is None:
                 lora = tuple(init.meta["lora"])  # serve an adapted LoRA drafter with its adapters
-            if lora is not None:
-                self.draft_lm.model = with_lora(self.draft_lm.model, *lora)
             self.lora = list(lora) if lora else None
+            # LoRA adapters live on the learner's training copy; the served drafter stays plain
+            # and gets the merged weights (no adapter matmuls while drafting).
             self.learner = OnlineLearner(
                 self.draft_lm.model, self.bridge, lam=a.lam, loss=a.loss, lr=a.lr,
                 weight_decay=a.weight_decay, batch_size=a.batch_size,
                 steps_per_update=a.steps_per_update, seed=int(cfg.seed),
                 context_grad=a.context_grad, train_dtype=a.train_dtype, positions=a.positions,
-                jsd_beta=a.jsd_beta) if a.enabled else None
+                jsd_beta=a.jsd_beta, lora=lora) if a.enabled else None
             if init is not None:
                 if self.learner is not None:
                     self.learner.load_state_dict(init.tensors, init.meta.get("learner") or {}, weights_only=True)
                 else:
-                    state_io.load_weights(self.draft_lm.model, init.tensors)
+                    _load_init_weights(self.draft_lm.model, init)
             self.drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
                                      bridge=self.bridge, target_vocab_size=v_t,
                                      target_eos=self.target.eos_ids, learner=self.learner,
@@ -348,7 +358,8 @@ class Session:
                                  "drafter.init_state=<a run with policy=head>/state")
         self.head_learner = HeadLearner(head, mode=dl.head_mode, lr=dl.head_lr, mismatch_weight=dl.mismatch_weight,
                                         batch_size=dl.head_batch_size, replay=dl.replay, steps=dl.head_steps,
-                                        every=dl.head_every, seed=int(self.cfg.seed), learn=dl.head_learn)
+                                        every=dl.head_every, seed=int(self.cfg.seed), learn=dl.head_learn,
+                                        label=dl.head_label)
         setter(HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max), self.head_learner)
 
     def draft_k(self) -> int:

@@ -89,6 +89,61 @@ def test_lossless_whatever_lengths_the_policy_picks(pair_llama2_qwen, policy):
     assert len(lengths) > 1  # the lengths did vary
 
 
+class _Spy(HeadLearner):
+    """Keeps every recorded (labels, accepted) pair."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: list[tuple[list[float], list[bool]]] = []
+
+    def record(self, hidden, groups, labels, accepted):
+        self.seen.append((list(labels), list(accepted)))
+        super().record(hidden, groups, labels, accepted)
+
+
+@pytest.mark.parametrize("label", ["verify", "t1"])
+def test_greedy_head_labels_follow_verification(pair_llama2_qwen, label):
+    """Under greedy verification 'verify' labels are exactly the accept outcomes (1 for accepted
+    proposals, 0 for the first rejection); 't1' labels are T=1 ratios, which differ from them."""
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
+    spy = _Spy(AcceptanceHead(drafter.config.hidden_size), mode="joint", label=label)
+    d.set_length_policy(HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    for text in PROMPTS[:4]:
+        generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16)
+    pairs = [(y, float(a)) for labels, acc in spy.seen for y, a in zip(labels, acc)]
+    assert pairs and any(a == 0 for _, a in pairs) and any(a == 1 for _, a in pairs)
+    if label == "verify":
+        assert all(y == a for y, a in pairs)
+    else:
+        assert any(y != a for y, a in pairs) and all(0 <= y <= 1 for y, _ in pairs)
+
+
+def test_a_verification_without_proposals_feeds_nothing(pair_llama2_qwen):
+    """The loop's last step of a length-capped generation proposes nothing (budget 0): neither the
+    head nor the draft-length schedule may see the previous step's proposals again."""
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
+    spy = _Spy(AcceptanceHead(drafter.config.hidden_size), mode="joint")
+    d.set_length_policy(HeuristicK(k_start=4, k_max=8), spy)
+    ids = ttok.encode(PROMPTS[1])
+    d.start(ids)
+    prop = d.propose(4, 0.0, None)
+    logits = target(input_ids=torch.tensor([ids + prop.ids])).logits[0, len(ids) - 1:]
+    n = 0
+    while n < len(prop.ids) and int(logits[n].argmax()) == prop.ids[n]:
+        n += 1
+    d.commit(prop.ids[:n] + [int(logits[n].argmax())], n, logits)
+    k_after, n_seen = d.policy.k, len(spy.seen)
+    assert n_seen == 1
+    d.commit([int(logits[n].argmax())], 0, logits[:1])  # a verification of the pending token alone
+    assert d.policy.k == k_after and len(spy.seen) == n_seen
+    for m in range(1, 8):  # and through the loop: a last step with budget 0 happens for some length
+        before = len(spy.seen)
+        res = generate(target, ids, drafter=d, k=4, max_new_tokens=m)
+        assert len(spy.seen) - before == sum(1 for st in res.steps if st.proposed > 0)
+
+
 def test_constant_head_drafts_the_predicted_length(pair_llama2_qwen):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})

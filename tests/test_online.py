@@ -64,15 +64,17 @@ def test_greedy_stays_lossless_while_training(pair_llama2_qwen):
     assert learner.n_updates == 4
 
 
-def test_lora_update_trains_only_adapters(pair_llama2_qwen):
-    from omnidraft.online import with_lora
-
+def test_lora_update_trains_only_adapters_and_serves_them_merged(pair_llama2_qwen):
+    """LoRA trains adapters on the training copy only; the served drafter stays a plain model whose
+    adapted weights are base + delta: same logits as the adapter model, untouched elsewhere."""
     target, ttok, drafter0, dtok, bridge = pair_llama2_qwen
-    base = aligned_drafter(target, bridge, len(dtok), seed=12, noise=0.2)
-    model = with_lora(base, rank=4, target_modules=["q_proj", "v_proj"])
-    learner = OnlineLearner(model, bridge, lr=1e-2, weight_decay=0.0, batch_size=4)
-    assert learner.params and all(p.ndim == 2 for p in learner.params)
-    frozen = {n: p.clone() for n, p in model.named_parameters() if "lora_" not in n}
+    model = aligned_drafter(target, bridge, len(dtok), seed=12, noise=0.2)
+    base = {n: p.clone() for n, p in model.named_parameters()}
+    learner = OnlineLearner(model, bridge, lr=1e-2, weight_decay=0.0, batch_size=4,
+                            lora=(4, None, ["q_proj", "v_proj"]))
+    assert learner.master and all("lora_" in n for n in learner.names) and not learner.params
+    assert not any("lora_" in n for n, _ in model.named_parameters())  # served drafter: plain
+    train_base = {n: p.clone() for n, p in learner.train_model.named_parameters() if "lora_" not in n}
     d = NgramDrafter(model, dtok, bridge, target.config.vocab_size, learner=learner)
     for text in PROMPTS[:3]:
         ids = ttok.encode(text)
@@ -85,7 +87,30 @@ def test_lora_update_trains_only_adapters(pair_llama2_qwen):
     with torch.no_grad():
         after = float(learner.losses(batch)["loss"])
     assert after < before
-    assert all(torch.equal(frozen[n], p) for n, p in model.named_parameters() if "lora_" not in n)
+    assert all(torch.equal(train_base[n], p) for n, p in learner.train_model.named_parameters() if "lora_" not in n)
+    moved = {n for n, p in model.named_parameters() if not torch.equal(base[n], p)}
+    assert moved and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in moved)
+    dids = torch.tensor([dtok.encode(PROMPTS[0])[:12]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=dids).logits, learner.train_model(input_ids=dids).logits,
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_lora_init_is_seeded():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from omnidraft.online import with_lora
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)
+    a = [dict(with_lora(LlamaForCausalLM(cfg), 4, seed=s).named_parameters()) for s in (0, 0, 1)]
+    lora_a = [n for n in a[0] if "lora_A" in n]
+    assert lora_a and all(torch.equal(a[0][n], a[1][n]) for n in lora_a)
+    assert any(not torch.equal(a[0][n], a[2][n]) for n in lora_a)
+    plain = LlamaForCausalLM(cfg)
+    rng_before = torch.random.get_rng_state()
+    with_lora(plain, 4, seed=0)
+    assert torch.equal(rng_before, torch.random.get_rng_state())  # the global RNG is left as it was
 
 
 def test_context_grad_variant_and_master_weights(pair_llama2_qwen):

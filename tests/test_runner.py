@@ -163,21 +163,41 @@ def test_resume_refuses_a_different_config_and_a_missing_state(tmp_path):
 
 def test_init_state_serves_an_adapted_drafter(tmp_path):
     """A drafter adapted on one stream starts the next session with its weights (LoRA too)."""
+    import copy
+
     import torch
 
     from omnidraft import state as state_io
+    from omnidraft.online import with_lora
     from omnidraft.runner import Session
 
     for name, extra in (("full", ()), ("lora", ("method.adapt.lora_rank=4",))):
         run(_cfg(tmp_path / name, *_STREAM, *extra))
         saved = state_io.load(tmp_path / name / "state")
         assert saved.meta["learner"]["n_updates"] == 3 and saved.meta["drafter"]["ngram"]["entries"] is not None
+        loaded = [k[len("param."):] for k in saved.tensors if k.startswith("param.")]
+        assert loaded
+        if name == "lora":  # reference: a fresh base drafter with the saved adapters (peft, unmerged)
+            assert saved.meta["lora"][0] == 4 and all("lora_" in n for n in loaded)
+            fresh = Session(_cfg(tmp_path / "base", "ablation=cache_pp")).draft_lm.model
+            ref = with_lora(copy.deepcopy(fresh).float(), *saved.meta["lora"])
+            state_io.load_weights(ref, saved.tensors)
+            ids = torch.tensor([[5, 17, 42, 99, 3, 64, 8]])
         for method in ("ablation=cache_pp", "method=omnidraft"):
             sess = Session(_cfg(tmp_path / f"{name}_next", method, f"drafter.init_state={tmp_path / name}"))
-            params = dict(sess.draft_lm.model.named_parameters())
-            loaded = [k[len("param."):] for k in saved.tensors if k.startswith("param.")]
-            assert loaded and all(torch.equal(params[n], saved.tensors[f"param.{n}"].to(params[n].dtype))
-                                  for n in loaded)
+            served = sess.draft_lm.model
+            if name == "full":
+                params = dict(served.named_parameters())
+                assert all(torch.equal(params[n], saved.tensors[f"param.{n}"].to(params[n].dtype)) for n in loaded)
+            else:  # served plain, adapters merged: the adapter model's logits, no adapter modules
+                assert not any("lora_" in n for n, _ in served.named_parameters())
+                with torch.no_grad():
+                    torch.testing.assert_close(served(input_ids=ids).logits.float(), ref(input_ids=ids).logits,
+                                               rtol=1e-4, atol=1e-4)
+                    assert not torch.allclose(fresh(input_ids=ids).logits.float(), ref(input_ids=ids).logits)
+            if sess.learner is not None:  # training continues from the saved master weights
+                master = dict(zip(sess.learner.names, sess.learner.master))
+                assert all(torch.equal(master[n], saved.tensors[f"param.{n}"].to(master[n].dtype)) for n in loaded)
             assert len(sess.drafter.ngram) == 0  # the n-gram cache belongs to its own stream
 
 
