@@ -16,6 +16,9 @@ def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, A
         "accept/rate": sd.accepted / sd.proposed if sd.proposed else 0.0,
         "accept/mean_len": sd.n_new / max(1, len(sd.steps)),
         "speed/sd_tok_per_s": sd.n_new / sd.wall_s if sd.wall_s else 0.0,
+        # per verification step: target proposals (the draft length in target tokens) and accepted
+        "sd/step_proposed": [st.proposed for st in sd.steps],
+        "sd/step_accepted": [st.accepted for st in sd.steps],
     }
     if ar is not None:
         row.update({
