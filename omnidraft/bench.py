@@ -260,6 +260,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                 s = sessions[m]
                 models = [s.target.model] + ([s.draft_lm.model] if s.draft_lm is not None else [])
                 seed = int(cfg.seed) * 1_000_003 + i
+                s.set_task(task)  # sessions are built from the first task's config; presets follow the prompt
                 if profile:
                     with ForwardTimer(models) as ft:
                         res = s.generate(ids, seed=seed, max_new_tokens=n_new)

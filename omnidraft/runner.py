@@ -334,7 +334,7 @@ class Session:
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
 
     def _build_length_policy(self, init: state_io.SavedState | None = None) -> None:
-        from omnidraft.adaptive import GAMMA_PRESETS, AcceptanceHead, HeadLearner, HeadPolicy, HeuristicK
+        from omnidraft.adaptive import AcceptanceHead, HeadLearner, HeadPolicy, HeuristicK
 
         dl, m = self.cfg.method.draft_length, self.cfg.method
         if dl.policy == "fixed":
@@ -345,9 +345,7 @@ class Session:
         if dl.policy == "heuristic":
             setter(HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max))
             return
-        gamma = dl.gamma if dl.gamma is not None else GAMMA_PRESETS.get(self.cfg.task.name, 0.7)
-        if not dl.head_learn and dl.gamma_infer is not None:
-            gamma = dl.gamma_infer
+        gamma = self._gamma(self.cfg.task.name)
         head = AcceptanceHead(int(self.draft_lm.model.config.hidden_size), dl.head_blocks).to(self.draft_lm.model.device)
         head_init = {k[len("head."):]: v for k, v in (init.tensors if init is not None else {}).items()
                      if k.startswith("head.")}
@@ -361,6 +359,22 @@ class Session:
                                         every=dl.head_every, seed=int(self.cfg.seed), learn=dl.head_learn,
                                         label=dl.head_label)
         setter(HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max), self.head_learner)
+
+    def _gamma(self, task: str) -> float:
+        """The head's stop threshold: gamma_infer (a frozen head), gamma, or the task's preset."""
+        from omnidraft.adaptive import GAMMA_PRESETS
+
+        dl = self.cfg.method.draft_length
+        if not dl.head_learn and dl.gamma_infer is not None:
+            return float(dl.gamma_infer)
+        return float(dl.gamma) if dl.gamma is not None else GAMMA_PRESETS.get(task, 0.7)
+
+    def set_task(self, task: str) -> None:
+        """The prompt about to be decoded comes from ``task`` (mixed streams, the bench): a head
+        whose gamma is the task preset takes that task's preset."""
+        pol = getattr(self.drafter, "policy", None)
+        if self.head_learner is not None and hasattr(pol, "gamma"):
+            pol.gamma = self._gamma(task)
 
     def draft_k(self) -> int:
         """The per-step draft budget handed to the decode loop."""
@@ -572,6 +586,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 ar_first = (i // every) % 2 == 1  # alternates over the measured prompts, whatever `every`
                 if with_ar and ar_first:
                     ar = sess.generate(ids, baseline=True, seed=seed)
+                sess.set_task(r.metadata.get("task", t.name))
                 before = sess.drafter_stats()
                 sd = sess.generate(ids, seed=seed)
                 if with_ar and not ar_first:

@@ -216,3 +216,19 @@ def test_warm_up_leaves_the_draft_length_state_as_it_was(pair_llama2_qwen, kind)
     assert d.policy.k == 9 and d.drafted_total == 0  # ...and is put back after the warm-up
     generate(target, ids, drafter=d, k=16, max_new_tokens=12)
     assert d.policy.k == moved and d.drafted_total > 0  # outside warm-up it moves as in the paused run
+
+
+def test_the_gamma_preset_follows_each_prompts_task(tmp_path):
+    """Mixed streams and the bench decode several tasks in one session: a preset gamma follows the
+    prompt's task, an explicit gamma stays."""
+    from test_runner import _cfg
+
+    from omnidraft.runner import Session
+
+    sess = Session(_cfg(tmp_path / "a", "ablation=adaptive_joint"))
+    for task, gamma in (("alpaca", 0.3), ("gsm8k", 0.7), ("xsum", 0.3), ("humaneval", 0.7)):
+        sess.set_task(task)
+        assert sess.drafter.policy.gamma == gamma
+    fixed = Session(_cfg(tmp_path / "b", "ablation=adaptive_joint", "method.draft_length.gamma=0.5"))
+    fixed.set_task("alpaca")
+    assert fixed.drafter.policy.gamma == 0.5
