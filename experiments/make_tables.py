@@ -36,7 +36,8 @@ COLS = {
     "adaptive": [("prompts", "n_prompts", "d"), ("acc", "accept/rate", ".3f"),
                  ("acc last window", "accept/rate_last_window", ".3f"), ("mean accepted len", "accept/mean_len", ".2f"),
                  ("mean draft len", "draft/mean_len", ".2f"), ("speedup", "speed/speedup", ".2f"),
-                 ("head pred", "head/pred_accept", ".3f"), ("head obs", "head/obs_accept", ".3f"),
+                 ("head pred", "head/pred_accept", ".3f"),
+                 ("head pred debiased", "head/pred_accept_debiased", ".3f"), ("head obs", "head/obs_accept", ".3f"),
                  ("equal to ar", "lossless/match_rate", ".2f")],
 }
 

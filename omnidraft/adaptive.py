@@ -159,7 +159,7 @@ class HeadLearner:
         self.n_updates = 0
         self.learn = bool(learn)  # False: calibration only, the head stays frozen
         # calibration since the last read: predicted vs observed acceptance of merged proposals
-        self._pred_sum = self._obs_sum = 0.0
+        self._pred_sum = self._obs_sum = self._debiased_sum = 0.0
         self._n = 0
 
     @torch.no_grad()
@@ -171,17 +171,26 @@ class HeadLearner:
         for (s, e), y, a in zip(groups, labels, accepted):
             if self.learn:
                 self.buffer.append((hidden[s:e].detach().float().cpu(), float(y)))
-            self._pred_sum += float(logp[s:e].sum().exp())
+            pred = float(logp[s:e].sum().exp())
+            self._pred_sum += pred
+            self._debiased_sum += self.w * pred / (1.0 - pred + self.w * pred)
             self._obs_sum += float(a)
             self._n += 1
 
     def calibration(self, reset: bool = True) -> dict[str, float]:
+        """Mean predicted vs observed acceptance of the proposals since the last read.
+
+        The weighted BCE's minimiser for a proposal accepted with probability y is
+        y / (y + w (1 - y)), not y: with ``mismatch_weight`` w > 1 the head predicts low by design
+        (the stop rule is conservative). ``head/pred_accept_debiased`` inverts that map per
+        proposal, w p / (1 - p + w p): the head's implied acceptance, comparable with
+        ``head/obs_accept``."""
         out = {}
         if self._n:
             out = {"head/pred_accept": self._pred_sum / self._n, "head/obs_accept": self._obs_sum / self._n,
-                   "head/n": self._n}
+                   "head/pred_accept_debiased": self._debiased_sum / self._n, "head/n": self._n}
         if reset:
-            self._pred_sum = self._obs_sum = 0.0
+            self._pred_sum = self._obs_sum = self._debiased_sum = 0.0
             self._n = 0
         return out
 

@@ -87,6 +87,10 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
         n = sum(r["head/n"] for r in hr)
         s["head/pred_accept"] = sum(r["head/pred_accept"] * r["head/n"] for r in hr) / n
         s["head/obs_accept"] = sum(r["head/obs_accept"] * r["head/n"] for r in hr) / n
+        dr = [r for r in hr if "head/pred_accept_debiased" in r]
+        if dr:
+            s["head/pred_accept_debiased"] = sum(r["head/pred_accept_debiased"] * r["head/n"] for r in dr) / \
+                sum(r["head/n"] for r in dr)
     if "ngram/size" in rows[-1]:
         s["ngram/size"] = rows[-1]["ngram/size"]
         s["ngram/bytes"] = rows[-1]["ngram/bytes"]

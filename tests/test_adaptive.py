@@ -69,6 +69,24 @@ def test_head_loss_drops_on_a_fixed_batch():
     assert after < 0.7 * before
 
 
+def test_weighted_bce_predicts_low_by_design_and_debiasing_recovers_the_rate():
+    """With mismatch weight w the BCE minimiser for acceptance rate y is y / (y + w (1 - y)) (0.28 for
+    y = 0.7, w = 6); head/pred_accept_debiased inverts it back to ~0.7."""
+    head = AcceptanceHead(8)
+    learner = HeadLearner(head, mode="joint", lr=5e-2, batch_size=100, mismatch_weight=6.0)
+    h = torch.ones(1, 8)
+    items = [(h, 1.0 if i < 70 else 0.0) for i in range(100)]
+    for _ in range(300):
+        learner.buffer.extend(items)
+        learner.update()
+    learner.record(h.repeat(100, 1), [(i, i + 1) for i in range(100)], [y for _, y in items],
+                   [y == 1.0 for _, y in items])
+    cal = learner.calibration()
+    assert cal["head/obs_accept"] == pytest.approx(0.7)
+    assert cal["head/pred_accept"] == pytest.approx(0.7 / (0.7 + 6 * 0.3), abs=0.02)
+    assert cal["head/pred_accept_debiased"] == pytest.approx(0.7, abs=0.02)
+
+
 @pytest.mark.parametrize("policy", ["head", "heuristic"])
 def test_lossless_whatever_lengths_the_policy_picks(pair_llama2_qwen, policy):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
