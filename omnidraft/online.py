@@ -10,8 +10,9 @@ parameters are the optimiser's master weights; after each update they are cast b
 inference drafter. With LoRA only the training copy carries adapters (peft); the served drafter
 stays a plain model whose adapted linear weights are the merged ``W + scale * B @ A``, computed in
 ``train_dtype`` from the frozen base weights and cast once, so serving costs no extra matmuls and
-repeated merges never accumulate rounding. Mini-batches are runs of up to ``batch_size`` consecutive steps of one
-prompt (their order shuffled), so each batch computes its shared context once.
+repeated merges never accumulate rounding. Mini-batches are runs of up to ``batch_size``
+consecutive steps of one prompt (their order shuffled), so each batch computes its shared context
+once.
 """
 
 from __future__ import annotations
