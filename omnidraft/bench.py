@@ -158,10 +158,12 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_bench(cfg: DictConfig) -> dict[str, Any]:
     from omnidraft import state as state_io
-    from omnidraft.runner import Session, _diff, _plain, fingerprint, start_run, task_templates, uses_draft_model
+    from omnidraft.runner import (Session, _diff, _plain, fingerprint, resolve_dtypes, start_run, task_templates,
+                                  uses_draft_model)
     from omnidraft.tasks import load_stream, render
 
     check_bench(cfg)
+    resolve_dtypes(cfg)  # each method's config resolves `auto` the same way when its models load
     b = cfg.bench
     base = _base_overrides(cfg)
     state_root = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.run_dir) / "state"

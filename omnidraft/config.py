@@ -58,7 +58,7 @@ class ModelConfig:
     path: Optional[str] = None
     gguf: Optional[GGUFConfig] = None
     tiny: Optional[TinyConfig] = None
-    dtype: str = "bfloat16"  # bfloat16 | float16 | float32 | float64
+    dtype: str = "auto"  # auto (bfloat16 where native: CUDA, AVX512-BF16/AMX; else float32) | bfloat16 | float16 | float32 | float64
     device: str = "cpu"
     trust_remote_code: bool = False
     max_context: Optional[int] = None  # defaults to the model's max_position_embeddings

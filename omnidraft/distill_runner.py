@@ -30,7 +30,7 @@ from omnidraft.errors import OmniDraftError
 from omnidraft.loggers import JSONLLogger
 from omnidraft.models import load_model
 from omnidraft.online import Example, OnlineLearner
-from omnidraft.runner import _overrides, _plain, start_run, task_templates
+from omnidraft.runner import _overrides, _plain, resolve_dtypes, start_run, task_templates
 from omnidraft.tasks import format_prompt, load_stream, render
 from omnidraft.vocab import build_bridge
 
@@ -110,6 +110,7 @@ def _mean_loss(learner: OnlineLearner, examples, chunk: int = 4) -> float:
 
 def run_distill(cfg: DictConfig) -> dict[str, Any]:
     check_distill(cfg)
+    resolve_dtypes(cfg)
     d = cfg.distill
     run_dir, prov = start_run(cfg, _overrides(cfg))
     cache = Path(cfg.paths.cache_dir)

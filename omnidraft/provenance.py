@@ -38,17 +38,22 @@ def _cpu_name() -> str:
 _SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 ``flags``, aarch64 ``Features``); empty
+    where the file is missing."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def cpu_isa() -> dict[str, Any]:
     """The instruction-set facts that decide CPU speed here: bf16 is native only with
     avx512_bf16/amx_bf16; without them torch emulates it and bf16 runs several times slower."""
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    flags = cpu_flags()
     try:
         capability = torch.backends.cpu.get_cpu_capability()
     except (AttributeError, RuntimeError):

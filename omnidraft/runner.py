@@ -26,7 +26,7 @@ from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with, check_targets
 from omnidraft.loggers import JSONLLogger, MultiLogger
 from omnidraft.metrics import drafter_row, prompt_row, summarise
-from omnidraft.models import LoadedModel, load_model
+from omnidraft.models import LoadedModel, load_model, resolve_dtype
 from omnidraft.online import OnlineLearner, merge_lora_state
 from omnidraft.quality import score as quality_score
 from omnidraft.quality import summarise_quality
@@ -80,6 +80,17 @@ def _overrides(cfg: DictConfig) -> list[str]:
         return list(HydraConfig.get().overrides.task)
     except ValueError:
         return list(cfg.get("overrides") or [])
+
+
+def resolve_dtypes(cfg: DictConfig) -> None:
+    """Replace ``dtype: auto`` of the target and drafter by what it means on this machine
+    (bfloat16 where native, else float32; :func:`omnidraft.models.resolve_dtype`), so the saved
+    config, the resume fingerprint and the summary name the dtype that actually ran: a stream
+    started in bf16 is not silently resumed in fp32 on another machine."""
+    for role in ("target", "drafter"):
+        node = cfg.get(role)
+        if node is not None and node.get("dtype") == "auto":
+            node.dtype = resolve_dtype("auto", node.get("device", "cpu"))
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -510,6 +521,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     position) is saved atomically every N prompts and at the end; ``resume=true`` continues from it.
     """
     check_config(cfg)
+    resolve_dtypes(cfg)
     state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.run_dir) / "state"
     saved = None
     if cfg.resume:

@@ -80,3 +80,39 @@ def test_subcommand_configs_compose_and_check(name):
     else:
         check_bench(cfg)
         assert "ar" in cfg.bench.methods and set(cfg.bench.method_overrides) >= set(cfg.bench.methods)
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ({"avx2", "fma", "avx512f"}, "float32"),  # AVX512 without BF16: torch emulates bf16
+    ({"avx512f", "avx512_bf16"}, "bfloat16"),
+    ({"amx_bf16", "amx_tile"}, "bfloat16"),
+    ({"fp", "asimd", "bf16"}, "bfloat16"),  # aarch64 Features
+    (set(), "float32"),
+])
+def test_auto_dtype_is_bf16_only_where_native(flags, expected):
+    from omnidraft.models import parse_dtype, resolve_dtype
+
+    assert resolve_dtype("auto", "cpu", flags) == expected
+    assert resolve_dtype("float16", "cpu", flags) == "float16"  # explicit names pass through
+    assert str(parse_dtype("float32")) == "torch.float32"
+
+
+def test_bad_dtype_is_one_clear_error():
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.models import parse_dtype
+
+    with pytest.raises(OmniDraftError, match="'bf17'.*auto"):
+        parse_dtype("bf17")
+
+
+def test_resolve_dtypes_names_what_runs_here():
+    """`auto` becomes this machine's concrete dtype before config.yaml and the resume fingerprint
+    are written; an explicit dtype is kept."""
+    from omnidraft.models import native_bf16
+    from omnidraft.runner import resolve_dtypes
+
+    cfg = _compose(["target=qwen25_coder_15b", "drafter=smollm2_135m", "drafter.dtype=float16"])
+    assert cfg.target.dtype == "auto"
+    resolve_dtypes(cfg)
+    assert cfg.target.dtype == ("bfloat16" if native_bf16("cpu") else "float32")
+    assert cfg.drafter.dtype == "float16"
