@@ -7,7 +7,8 @@ A summary written while its stream was still running (or without one: the stream
 metrics.jsonl alone) is summarised from metrics.jsonl and marked partial. "gain first/last
 window" is a run's acceptance minus its reference run's (spd_dm; sv_fixed or the cross-vocab
 omnidraft for the adaptive table) on the same prompts, so prompt difficulty cancels out. The CPU
-column is torch's capability per segment (speedups from AVX2 and AVX512 machines differ).
+column is torch's capability per segment and the dtype column the target's (bf16 is emulated,
+several times slower, on CPUs without AVX512-BF16/AMX: speedups from such runs are not comparable).
 """
 
 from __future__ import annotations
@@ -83,9 +84,28 @@ def cpu(s: dict) -> str:
     """The CPU ISA each segment ran on (speedups from different ISAs are not comparable:
     bf16 is native with AVX512-BF16 and emulated, several times slower, on AVX2)."""
     prov = s.get("provenance") or {}
-    caps = [g.get("cpu_capability") for g in prov.get("segments") or []] or [prov.get("cpu_capability")]
-    seen = list(dict.fromkeys(c or "unrecorded" for c in caps))
-    return "+".join(seen)
+    segs = prov.get("segments") or [prov]
+    if len(segs) == 1 and "cpu_flags" not in segs[0]:  # segments recorded flags only later
+        segs = [{**segs[0], "cpu_flags": prov.get("cpu_flags")}]
+
+    def isa(g: dict) -> str:
+        cap, flags = g.get("cpu_capability") or "unrecorded", g.get("cpu_flags")
+        if flags is not None and {"avx512_bf16", "amx_bf16"} & set(flags):
+            cap += "-BF16"  # torch reports AVX512 with or without native bf16
+        return cap
+
+    return "+".join(dict.fromkeys(isa(g) for g in segs))
+
+
+def dtype(run: Path) -> str:
+    """The target's dtype as the run resolved it (config.yaml; `auto` is resolved before it is
+    written): with the CPU column it says which kernels the speedup came from."""
+    f = run / "config.yaml"
+    if not f.exists():
+        return "-"
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.load(f).target.dtype).replace("bfloat16", "bf16").replace("float32", "fp32")
 
 
 def fmt(v, f: str) -> str:
@@ -97,20 +117,20 @@ def fmt(v, f: str) -> str:
 def table(group: str) -> str:
     runs = [ROOT / "results" / Path(*ALIAS.get((group, n), (group, n))) for n in ORDER[group]]
     cols = COLS[group]
-    lines = ["| run | " + " | ".join(c for c, _, _ in cols) + " | reference | gain first window | gain last window | CPU |",
-             "|" + "---|" * (len(cols) + 5)]
+    lines = ["| run | " + " | ".join(c for c, _, _ in cols) + " | reference | gain first window | gain last window | CPU | dtype |",
+             "|" + "---|" * (len(cols) + 6)]
     for short, run in zip(ORDER[group], runs):
         ref_dir = ROOT / "results" / Path(*REFERENCE[group](short))
         ref = _rows(ref_dir)
         if not (run / "metrics.jsonl").exists():
-            lines.append(f"| {run.name} | " + " | ".join("not run" if i == 0 else "" for i in range(len(cols) + 4)) + " |")
+            lines.append(f"| {run.name} | " + " | ".join("not run" if i == 0 else "" for i in range(len(cols) + 5)) + " |")
             continue
         s, partial = load(run)
         name = run.name if run.parent.name == group else f"{run.parent.name}/{run.name}"
         name += " (partial)" if partial else ""
         g = gains(_rows(run), ref, int(s.get("accept/window") or 50)) if ref else (None, None)
         lines.append(f"| {name} | " + " | ".join(fmt(s.get(k), f) for _, k, f in cols) + f" | {ref_dir.name}"
-                     + "".join(f" | {fmt(x, '+.3f')}" for x in g) + f" | {cpu(s)} |")
+                     + "".join(f" | {fmt(x, '+.3f')}" for x in g) + f" | {cpu(s)} | {dtype(run)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -64,7 +64,7 @@ def cpu_isa() -> dict[str, Any]:
 def segment(prov: dict[str, Any], start: int) -> dict[str, Any]:
     """One run segment (a stream resumed later, perhaps on another machine, adds one)."""
     return {"start": start, "git_hash": prov.get("git_hash"), "git_dirty": prov.get("git_dirty"),
-            "cpu": prov.get("cpu"), "cpu_capability": prov.get("cpu_capability")}
+            "cpu": prov.get("cpu"), "cpu_capability": prov.get("cpu_capability"), "cpu_flags": prov.get("cpu_flags")}
 
 
 def collect(seed: int, overrides: list[str]) -> dict[str, Any]:

@@ -146,6 +146,8 @@ def test_save_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     assert [s["start"] for s in segs] == [0, 3]
     # each segment says which CPU ISA it ran on: a stream resumed on another machine shows it
     assert all(s["cpu_capability"] == resumed["provenance"]["cpu_capability"] for s in segs)
+    # ... and whether bf16 is native there (torch says AVX512 with or without AVX512-BF16)
+    assert all(s["cpu_flags"] == resumed["provenance"]["cpu_flags"] for s in segs)
     assert resumed["provenance"]["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512", "NO AVX", "ZVECTOR", "VSX"}
 
 
