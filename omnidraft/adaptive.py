@@ -135,9 +135,13 @@ class HeadLearner:
     """Online training of an :class:`AcceptanceHead` from verification results.
 
     Args:
-        mode: 'joint' (update when the distillation updates, on what was collected since) or
-            'interleaved' (update every ``every`` prompts from a FIFO replay buffer of ``replay``
-            proposals, ``steps`` mini-batches each time).
+        mode: 'joint' (trained in the distillation update: with an online learner attached,
+            :meth:`omnidraft.online.OnlineLearner.attach_head`, each of its mini-batches minimises
+            L_distill + L_head on the training copy's hidden states, the head's gradient reaching
+            the drafter too; without one, the head alone updates at the distillation interval on
+            what was collected since) or 'interleaved' (update every ``every`` prompts from a FIFO
+            replay buffer of ``replay`` proposals, ``steps`` mini-batches each time, on the hidden
+            states recorded while drafting, detached).
         learn: False serves the head frozen: only the calibration is recorded.
         label: 'verify' (labels at the verification temperature; greedy: accept indicator) or
             't1' (min(1, p/q) at T=1).
@@ -158,6 +162,7 @@ class HeadLearner:
         self.rng = random.Random(seed)
         self.n_updates = 0
         self.learn = bool(learn)  # False: calibration only, the head stays frozen
+        self.in_learner = False  # True: trained inside the drafter's update (attach_head), no buffer here
         # calibration since the last read: predicted vs observed acceptance of merged proposals
         self._pred_sum = self._obs_sum = self._debiased_sum = 0.0
         self._n = 0
@@ -169,7 +174,7 @@ class HeadLearner:
         rejection, its drafter-token span, soft label and whether it was accepted."""
         logp = F.logsigmoid(self.head(hidden.float()))
         for (s, e), y, a in zip(groups, labels, accepted):
-            if self.learn:
+            if self.learn and not self.in_learner:
                 self.buffer.append((hidden[s:e].detach().float().cpu(), float(y)))
             pred = float(logp[s:e].sum().exp())
             self._pred_sum += pred
@@ -203,7 +208,7 @@ class HeadLearner:
         return -(y * logp + self.w * (1 - y) * log1mp).mean()
 
     def update(self) -> dict[str, float]:
-        if not self.learn or not self.buffer:
+        if not self.learn or self.in_learner or not self.buffer:
             return {}
         items = list(self.buffer)
         self.head.train()

@@ -51,6 +51,7 @@ class _ModelDrafter:
         self._q_tok: list[float] = []
         self._label_t = 1.0  # temperature of the head's labels in the current step
         self._prop_ids: list[int] = []
+        self._head_step: tuple[list[tuple[int, int]], list[float]] | None = None  # last step's (spans, labels)
         self.drafted_total = 0
         if allowed is not None:
             v = model.get_output_embeddings().weight.shape[0]
@@ -157,7 +158,7 @@ class _ModelDrafter:
         (exactly greedy verification's accept) and 0 otherwise. A step's proposal is consumed
         here: a verification with nothing proposed (the loop's last one-token step) sees m = 0."""
         m, prop, hidden = len(self._prop_ids), self._prop_ids, self._hidden
-        self._prop_ids, self._hidden = [], []
+        self._prop_ids, self._hidden, self._head_step = [], [], None
         self.policy.observe(m, n_accepted)
         if self.head_learner is None or target_logits is None or not m or not hidden:
             return
@@ -174,6 +175,7 @@ class _ModelDrafter:
                 for j in range(s, e):
                     q *= self._q_tok[j]
                 labels.append(min(1.0, float(p[i, prop[i]]) / max(q, 1e-12)))
+        self._head_step = (groups, labels)  # for a learner that trains the head jointly
         self.head_learner.record(torch.stack(hidden), groups, labels,
                                  [i < n_accepted for i in range(len(groups))])
 
@@ -376,12 +378,12 @@ class NgramDrafter(DirectMapDrafter):
             self._mask_add.copy_(mask)
 
     def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
-        if self.learner is not None and target_logits is not None and self._last is not None:
-            ctx, drafts, merged = self._last
-            self.learner.record(ctx, drafts, merged, target_logits, n_accepted)
-        self._last = None
+        last, self._last = self._last, None
         pending_before = self._utf8.getstate()[0]
-        super().commit(new_ids, n_accepted, target_logits)
+        super().commit(new_ids, n_accepted, target_logits)  # head labels of this step -> _head_step
+        if self.learner is not None and target_logits is not None and last is not None:
+            ctx, drafts, merged = last
+            self.learner.record(ctx, drafts, merged, target_logits, n_accepted, head=self._head_step)
         if not self.learn or pending_before or self._utf8.getstate()[0]:
             return  # this step's text does not line up with its target tokens byte for byte
         # The re-tokenised segment spells (tail text + new text); target tokens start after the tail.

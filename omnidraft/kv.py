@@ -61,7 +61,8 @@ def tree_mask_ok(model) -> bool:
     return cfg.model_type in _TREE_MASK_TYPES and not getattr(cfg, "use_sliding_window", False)
 
 
-def forward_branches(model, cache: DynamicCache, branches: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+def forward_branches(model, cache: DynamicCache, branches: list[tuple[int, list[int]]], hidden: bool = False
+                     ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Several continuations of one cached prefix in ONE forward pass (tree attention).
 
     Branch i = (n_i, ids_i): ids_i continues the first n_i cached positions, at positions
@@ -70,7 +71,8 @@ def forward_branches(model, cache: DynamicCache, branches: list[tuple[int, list[
     (call under no_grad for inference); ``cache`` is extended by the pass: do not reuse it.
 
     Returns:
-        logits (len(ids_i), V) per branch.
+        logits (len(ids_i), V) per branch; with ``hidden``, also the last-layer hidden states
+        (len(ids_i), H) per branch (the same ones :func:`forward_hidden` returns).
     """
     past = cache_len(cache)
     lens = [len(ids) for _, ids in branches]
@@ -89,5 +91,7 @@ def forward_branches(model, cache: DynamicCache, branches: list[tuple[int, list[
     dtype = model.get_input_embeddings().weight.dtype
     mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
     out = model(input_ids=torch.tensor([ids], device=dev), cache=cache, use_cache=True,
-                attention_mask=mask[None, None], position_ids=torch.tensor([pos], device=dev)).logits[0]
-    return list(torch.split(out, lens))
+                attention_mask=mask[None, None], position_ids=torch.tensor([pos], device=dev),
+                output_hidden_states=hidden)
+    logits = list(torch.split(out.logits[0], lens))
+    return (logits, list(torch.split(out.hidden_states[-1][0], lens))) if hidden else logits

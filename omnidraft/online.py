@@ -48,6 +48,8 @@ class Example:
         dm_top: per DM position, the column of the target's argmax, or -1 if the drafter cannot
             reach it (used by the ``nll_nll`` loss).
         ngrams: (start, end, target log-prob of the n-gram's token) of n-grams the target accepted.
+        head: (start, end, label) per target proposal up to and including the first rejection, for
+            an acceptance head trained jointly (:meth:`OnlineLearner.attach_head`); empty otherwise.
     """
 
     seq: int
@@ -57,6 +59,7 @@ class Example:
     dm_logp: torch.Tensor
     dm_top: list[int] = field(default_factory=list)
     ngrams: list[tuple[int, int, float]] = field(default_factory=list)
+    head: list[tuple[int, int, float]] = field(default_factory=list)
 
     @property
     def ng_pos(self) -> list[int]:
@@ -192,16 +195,30 @@ class OnlineLearner:
         self.tree = tree and kv.tree_mask_ok(self.train_model)
         self.n_updates = 0
         self._seq = 0
+        self.head = None  # an adaptive.HeadLearner trained jointly: L_distill + L_head in one update
+
+    def attach_head(self, head_learner) -> None:
+        """Train ``head_learner``'s acceptance head jointly with the drafter (the paper's 'joint'
+        variant): each mini-batch's loss is L_distill + L_head, with the head's weighted BCE computed
+        on the training copy's hidden states at the drafted positions, so its gradient reaches the
+        drafter (or its LoRA adapters) as well as the head; both optimisers step together."""
+        self.head = head_learner
+        head_learner.in_learner = True
 
     def begin_sequence(self) -> None:
         """Called when the drafter starts a new prompt: later records share no context with earlier ones."""
         self._seq += 1
 
     def record(self, ctx: list[int], drafts: list[int], merged: list[Merged],
-               target_logits: torch.Tensor, n_accepted: int) -> None:
-        """Store one step. ``target_logits`` row i is the target's distribution for proposal i."""
+               target_logits: torch.Tensor, n_accepted: int,
+               head: tuple[list[tuple[int, int]], list[float]] | None = None) -> None:
+        """Store one step. ``target_logits`` row i is the target's distribution for proposal i.
+        ``head``: (drafter-token span, label) per proposal up to the first rejection, kept when an
+        acceptance head trains jointly."""
         if not merged:
             return
+        head_spans = [(int(a), int(b), float(y)) for (a, b), y in zip(*head)] \
+            if head is not None and self.head is not None else []
         dm_rows, dm_pos, ng_rows = [], [], []
         for i, m in enumerate(merged):
             if self.positions == "rejected" and i != n_accepted:
@@ -212,7 +229,7 @@ class OnlineLearner:
             else:
                 dm_rows.append(i)
                 dm_pos.append(m.start)
-        if not dm_rows and not ng_rows:
+        if not dm_rows and not ng_rows and not head_spans:
             return
         # Normalise only the rows kept (a full-vocabulary log-softmax per row is the costly part).
         ng_logp = torch.log_softmax(target_logits[ng_rows].float(), -1) if ng_rows else None
@@ -225,19 +242,26 @@ class OnlineLearner:
         col = torch.searchsorted(cols, top).clamp(max=len(cols) - 1)
         dm_top = torch.where(cols[col] == top, col, -1).tolist()
         self.buffer.append(Example(self._seq, list(ctx), list(drafts), dm_pos,
-                                   logp.to(torch.float16).cpu(), dm_top, ngrams))
+                                   logp.to(torch.float16).cpu(), dm_top, ngrams, head_spans))
 
     # -- loss ------------------------------------------------------------------------------
-    def _draft_logits(self, examples: list[Example]) -> list[torch.Tensor]:
-        """Training-model logits at each example's drafted positions (grad w.r.t. the drafts
-        only, unless context_grad). Examples of one sequence share one no-grad context pass."""
+    def _draft_logits(self, examples: list[Example]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Training-model logits (n_drafts, V) at each example's drafted positions (grad w.r.t. the
+        drafts only, unless context_grad), and the last-layer hidden states there (n_drafts, H)
+        for examples that carry head labels (None for the others). Examples of one sequence share
+        one no-grad context pass."""
         m, dev = self.train_model, self.train_model.device
         out: list[torch.Tensor | None] = [None] * len(examples)
+        hid: list[torch.Tensor | None] = [None] * len(examples)
+        want = self.head is not None and any(ex.head for ex in examples)
         if self.context_grad:
             for i, ex in enumerate(examples):
                 ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
-                out[i] = m(input_ids=ids, logits_to_keep=len(ex.drafts)).logits[0].float()
-            return out
+                o = m(input_ids=ids, logits_to_keep=len(ex.drafts), output_hidden_states=want)
+                out[i] = o.logits[0].float()
+                if want:
+                    hid[i] = o.hidden_states[-1][0, -len(ex.drafts):].float()
+            return out, hid
         groups: dict[int, list[int]] = {}
         for i, ex in enumerate(examples):
             groups.setdefault(ex.seq, []).append(i)
@@ -256,21 +280,32 @@ class OnlineLearner:
                     n += 1
                 branches.append((n, ex.ctx[n:] + ex.drafts[:-1]))
             if self.tree:  # every example of the sequence in one pass (tree attention)
-                for i, lg in zip(idx, kv.forward_branches(m, cache, branches)):
-                    out[i] = lg[-len(examples[i].drafts):].float()
+                res = kv.forward_branches(m, cache, branches, hidden=want)
+                lgs, hds = res if want else (res, [None] * len(idx))
+                for i, lg, hd in zip(idx, lgs, hds):
+                    n_d = len(examples[i].drafts)
+                    out[i] = lg[-n_d:].float()
+                    hid[i] = hd[-n_d:].float() if hd is not None else None
                 continue
             for i, (n, b) in zip(idx, branches):
                 c = kv.prefix_copy(cache, n, m) if len(base) > 1 else kv.new_cache(m)
                 ids = torch.tensor([b], device=dev)
-                out[i] = m(input_ids=ids, cache=c, logits_to_keep=len(examples[i].drafts)).logits[0].float()
-        return out
+                n_d = len(examples[i].drafts)
+                o = m(input_ids=ids, cache=c, logits_to_keep=n_d, output_hidden_states=want)
+                out[i] = o.logits[0].float()
+                if want:
+                    hid[i] = o.hidden_states[-1][0, -n_d:].float()
+        return out, hid
 
     def losses(self, examples: list[Example]) -> dict[str, torch.Tensor]:
-        """Hybrid loss over examples (differentiable w.r.t. the training copy's master weights)."""
+        """Hybrid loss over examples (differentiable w.r.t. the training copy's master weights),
+        plus the jointly trained head's weighted BCE (``loss_head``) when a head is attached."""
         dm_terms, ng_terms = [], []
         dev = self.train_model.device
         map_ids, map_cols = self.map_ids.to(dev), self.map_cols.to(dev)
-        for ex, logits in zip(examples, self._draft_logits(examples)):
+        logits_all, hidden_all = self._draft_logits(examples)
+        head_items = [(h[a:b], y) for ex, h in zip(examples, hidden_all) if h is not None for a, b, y in ex.head]
+        for ex, logits in zip(examples, logits_all):
             if self.loss_name in DIVERGENCES:  # one divergence on DM positions, no n-gram term
                 if ex.dm_pos:
                     lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
@@ -297,7 +332,11 @@ class OnlineLearner:
                     ng_terms.append(nll)
         cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, device=dev)  # noqa: E731
         lam = 1.0 if self.loss_name == "nll_only" else self.lam
-        return hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
+        out = hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
+        if head_items:
+            out["loss_head"] = self.head.loss(head_items)
+            out["loss"] = out["loss"] + out["loss_head"]
+        return out
 
     # -- update ----------------------------------------------------------------------------
     def _batches(self) -> list[list[int]]:
@@ -328,7 +367,11 @@ class OnlineLearner:
         self.train_model.train()
         for p in self.master:
             p.requires_grad_(True)
+        head = self.head if self.head is not None and self.head.learn else None
+        if head is not None:
+            head.head.train()
         stats = {"adapt/loss": 0.0, "adapt/loss_dm": 0.0, "adapt/loss_ngram": 0.0}
+        head_loss, n_head = 0.0, 0
         n, n_examples = 0, len(self.buffer)
         plan = [self._batches() for _ in range(self.steps_per_update)]
         bar = tqdm(total=sum(map(len, plan)), desc="adapt", unit="batch", leave=False, disable=not progress)
@@ -341,6 +384,12 @@ class OnlineLearner:
                         out["loss"].backward()
                         self.opt.step()
                         self.opt.zero_grad(set_to_none=True)
+                        if head is not None:
+                            head.opt.step()
+                            head.opt.zero_grad(set_to_none=True)
+                    if "loss_head" in out:
+                        head_loss += float(out["loss_head"].detach())
+                        n_head += 1
                     for k, key in (("loss", "adapt/loss"), ("loss_dm", "adapt/loss_dm"), ("loss_ngram", "adapt/loss_ngram")):
                         stats[key] += float(out[k].detach())
                     n += 1
@@ -350,11 +399,17 @@ class OnlineLearner:
             for p in self.master:
                 p.requires_grad_(False)
             self.train_model.eval()
+            if head is not None:
+                head.opt.zero_grad(set_to_none=True)
+                head.head.eval()
             self._sync_weights()
             self.buffer.clear()
         self.n_updates += 1
-        return {k: v / max(1, n) for k, v in stats.items()} | {"adapt/n_examples": n_examples,
-                                                                "adapt/n_batches": n}
+        out = {k: v / max(1, n) for k, v in stats.items()} | {"adapt/n_examples": n_examples, "adapt/n_batches": n}
+        if head is not None and n_head:
+            head.n_updates += 1
+            out |= {"head/loss": head_loss / n_head, "head/n_updates": head.n_updates}
+        return out
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -386,5 +441,6 @@ class OnlineLearner:
         load_optimizer_state(self.opt, tensors, meta, "opt")
         set_rng_state(self.rng, meta["rng"])
         self.n_updates, self._seq = int(meta["n_updates"]), int(meta["seq"])
-        self.buffer = [Example(**{**b, "ngrams": [tuple(x) for x in b["ngrams"]]},
+        self.buffer = [Example(**{**b, "ngrams": [tuple(x) for x in b["ngrams"]],
+                                  "head": [tuple(x) for x in b.get("head", [])]},
                                dm_logp=tensors[f"buffer.{j}.dm_logp"]) for j, b in enumerate(meta["buffer"])]

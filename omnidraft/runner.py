@@ -369,6 +369,8 @@ class Session:
                                         batch_size=dl.head_batch_size, replay=dl.replay, steps=dl.head_steps,
                                         every=dl.head_every, seed=int(self.cfg.seed), learn=dl.head_learn,
                                         label=dl.head_label)
+        if dl.head_mode == "joint" and dl.head_learn and self.learner is not None:
+            self.learner.attach_head(self.head_learner)  # one update on L_distill + L_head
         setter(HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max), self.head_learner)
 
     def _gamma(self, task: str) -> float:
@@ -393,8 +395,8 @@ class Session:
         return int(dl.k_max) if dl.policy in ("heuristic", "head") else int(self.cfg.method.k)
 
     def head_update_due(self, i: int) -> bool:
-        if self.head_learner is None or not self.head_learner.learn:
-            return False
+        if self.head_learner is None or not self.head_learner.learn or self.head_learner.in_learner:
+            return False  # a jointly trained head updates inside the drafter's update
         dl, a = self.cfg.method.draft_length, self.cfg.method.adapt
         every = int(dl.head_every) if dl.head_mode == "interleaved" else int(a.interval)
         return (i + 1) % every == 0

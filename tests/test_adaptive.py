@@ -173,13 +173,16 @@ def test_constant_head_drafts_the_predicted_length(pair_llama2_qwen):
         assert len(d.last_drafts) == 4 or d._to_target(d.last_drafts[-1]) == ttok.eos_token_id
 
 
-def test_head_state_saves_and_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode,n_updates", [("interleaved", 5), ("joint", 1)])
+def test_head_state_saves_and_resumes(tmp_path, monkeypatch, mode, n_updates):
+    """Interleaved: the head's replay buffer and optimiser; joint (update every 3 prompts,
+    checkpoints every 2): the learner's unflushed examples with their head labels."""
     from test_runner import _SAME, _cfg, _rows, run_until_crash
 
     from omnidraft.runner import run
 
-    over = ("ablation=adaptive_interleaved", "method.adapt.interval=2", "task.limit=5", "decode.max_new_tokens=12",
-            "checkpoint_every=2", "method.draft_length.k_max=6")
+    over = (f"ablation=adaptive_{mode}", f"method.adapt.interval={2 if mode == 'interleaved' else 3}",
+            "task.limit=5", "decode.max_new_tokens=12", "checkpoint_every=2", "method.draft_length.k_max=6")
     full = run(_cfg(tmp_path / "full", *over))
     run_until_crash(monkeypatch, _cfg(tmp_path / "cut", *over), at_row=4)
     resumed = run(_cfg(tmp_path / "cut", *over, "resume=true"))
@@ -188,7 +191,7 @@ def test_head_state_saves_and_resumes(tmp_path, monkeypatch):
         assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}
     assert full["draft/mean_len"] == resumed["draft/mean_len"] and "head/pred_accept" in full
     meta = json.loads((tmp_path / "cut" / "state" / "meta.json").read_text())
-    assert meta["head"]["n_updates"] == 5
+    assert meta["head"]["n_updates"] == n_updates
 
 
 def test_a_trained_head_serves_the_next_stream_frozen_with_its_own_gamma(tmp_path):
@@ -250,3 +253,68 @@ def test_the_gamma_preset_follows_each_prompts_task(tmp_path):
     fixed = Session(_cfg(tmp_path / "b", "ablation=adaptive_joint", "method.draft_length.gamma=0.5"))
     fixed.set_task("alpaca")
     assert fixed.drafter.policy.gamma == 0.5
+
+
+class _HiddenSpy(HeadLearner):
+    """Keeps every recorded step's drafting hidden states, spans and labels."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.steps: list[tuple[torch.Tensor, list, list[float]]] = []
+
+    def record(self, hidden, groups, labels, accepted):
+        self.steps.append((hidden.clone(), list(groups), list(labels)))
+        super().record(hidden, groups, labels, accepted)
+
+
+def _joint_setup(pair, lr=1e-2):
+    from conftest import aligned_drafter
+
+    from omnidraft.online import OnlineLearner
+
+    target, ttok, _, dtok, bridge = pair
+    drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)  # own copy: it trains
+    learner = OnlineLearner(drafter, bridge, lr=1e-3, weight_decay=0.0, batch_size=4)
+    spy = _HiddenSpy(AcceptanceHead(drafter.config.hidden_size), mode="joint", lr=lr)
+    learner.attach_head(spy)
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learner=learner)
+    d.set_length_policy(HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    for text in PROMPTS[:3]:
+        generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16)
+    return drafter, learner, spy
+
+
+def test_joint_head_trains_on_the_hidden_states_it_drafted_with(pair_llama2_qwen):
+    """A jointly trained head's examples carry each step's spans and labels, and the training
+    copy's hidden states at the drafted positions equal the ones the head read while drafting."""
+    drafter, learner, spy = _joint_setup(pair_llama2_qwen)
+    assert not spy.buffer  # trained inside the learner, not from its own buffer
+    exs = [ex for ex in learner.buffer if ex.head]
+    assert len(exs) == len(spy.steps) > 5
+    _, hidden = learner._draft_logits(exs)
+    for ex, h, (rec, groups, labels) in zip(exs, hidden, spy.steps, strict=True):
+        assert [(a, b) for a, b, _ in ex.head] == groups and [y for _, _, y in ex.head] == labels
+        torch.testing.assert_close(h, rec[: len(ex.drafts)], atol=1e-4, rtol=1e-4)
+
+
+def test_joint_update_backpropagates_the_head_loss_into_the_drafter(pair_llama2_qwen):
+    """With no distillation signal at all (no directly mapped or n-gram positions), a joint update
+    still moves the drafter: the head's loss reaches it through the hidden states. It moves the
+    head too, and reports head/loss."""
+    import dataclasses
+
+    drafter, learner, spy = _joint_setup(pair_llama2_qwen)
+    learner.buffer = [dataclasses.replace(ex, dm_pos=[], dm_logp=ex.dm_logp[:0], dm_top=[], ngrams=[])
+                      for ex in learner.buffer if ex.head]
+    before = [p.detach().clone() for p in drafter.parameters()]
+    head_before = [p.detach().clone() for p in spy.head.parameters()]
+    with torch.no_grad():
+        loss0 = float(learner.losses(learner.buffer)["loss_head"])
+    saved = list(learner.buffer)
+    out = learner.update(progress=False)
+    assert out["head/loss"] > 0 and out["head/n_updates"] == 1 == spy.n_updates
+    assert out["adapt/loss_dm"] == 0 and out["adapt/loss_ngram"] == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, drafter.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(head_before, spy.head.parameters()))
+    with torch.no_grad():
+        assert float(learner.losses(saved)["loss_head"]) < loss0

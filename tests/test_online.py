@@ -156,7 +156,7 @@ def test_tree_attention_pass_equals_one_pass_per_example(pair, request):
     grads = {}
     for tree in (True, False):
         learner.tree = tree
-        logits = learner._draft_logits(batch)
+        logits, _ = learner._draft_logits(batch)
         for p in learner.master:
             p.requires_grad_(True)
         loss = learner.losses(batch)["loss"]
