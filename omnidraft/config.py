@@ -125,7 +125,7 @@ class DraftLengthConfig:
     head_lr: float = 1.0e-3
     mismatch_weight: float = 6.0
     head_label: str = "verify"  # verify: min(1, p/q) at the verification temperature (greedy: accepted 0/1) | t1: at T=1
-    head_batch_size: int = 64
+    head_batch_size: int = 64  # head-only updates (interleaved; joint without adapt); joint with adapt uses the drafter's mini-batches
     replay: int = 4096  # interleaved: FIFO replay buffer (proposals)
     head_steps: int = 4  # interleaved: mini-batches per head update
     head_every: int = 1  # interleaved: head update every N prompts

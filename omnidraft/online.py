@@ -204,6 +204,12 @@ class OnlineLearner:
         drafter (or its LoRA adapters) as well as the head; both optimisers step together."""
         self.head = head_learner
         head_learner.in_learner = True
+        head_learner.buffer.clear()  # its own buffer is unused from now on
+
+    @property
+    def _head_on(self) -> bool:
+        """A jointly trained head that is learning (a frozen one takes no part in the loss)."""
+        return self.head is not None and self.head.learn
 
     def begin_sequence(self) -> None:
         """Called when the drafter starts a new prompt: later records share no context with earlier ones."""
@@ -218,7 +224,7 @@ class OnlineLearner:
         if not merged:
             return
         head_spans = [(int(a), int(b), float(y)) for (a, b), y in zip(*head)] \
-            if head is not None and self.head is not None else []
+            if head is not None and self._head_on else []
         dm_rows, dm_pos, ng_rows = [], [], []
         for i, m in enumerate(merged):
             if self.positions == "rejected" and i != n_accepted:
@@ -253,7 +259,7 @@ class OnlineLearner:
         m, dev = self.train_model, self.train_model.device
         out: list[torch.Tensor | None] = [None] * len(examples)
         hid: list[torch.Tensor | None] = [None] * len(examples)
-        want = self.head is not None and any(ex.head for ex in examples)
+        want = self._head_on and any(ex.head for ex in examples)
         if self.context_grad:
             for i, ex in enumerate(examples):
                 ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
@@ -299,7 +305,8 @@ class OnlineLearner:
 
     def losses(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """Hybrid loss over examples (differentiable w.r.t. the training copy's master weights),
-        plus the jointly trained head's weighted BCE (``loss_head``) when a head is attached."""
+        plus the jointly trained head's weighted BCE (``loss_head``) when a learning head is
+        attached: ``loss`` (what is minimised) = ``loss_distill`` + ``loss_head``."""
         dm_terms, ng_terms = [], []
         dev = self.train_model.device
         map_ids, map_cols = self.map_ids.to(dev), self.map_cols.to(dev)
@@ -333,6 +340,7 @@ class OnlineLearner:
         cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, device=dev)  # noqa: E731
         lam = 1.0 if self.loss_name == "nll_only" else self.lam
         out = hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
+        out["loss_distill"] = out["loss"]
         if head_items:
             out["loss_head"] = self.head.loss(head_items)
             out["loss"] = out["loss"] + out["loss_head"]
@@ -367,7 +375,7 @@ class OnlineLearner:
         self.train_model.train()
         for p in self.master:
             p.requires_grad_(True)
-        head = self.head if self.head is not None and self.head.learn else None
+        head = self.head if self._head_on else None
         if head is not None:
             head.head.train()
         stats = {"adapt/loss": 0.0, "adapt/loss_dm": 0.0, "adapt/loss_ngram": 0.0}
@@ -390,7 +398,8 @@ class OnlineLearner:
                     if "loss_head" in out:
                         head_loss += float(out["loss_head"].detach())
                         n_head += 1
-                    for k, key in (("loss", "adapt/loss"), ("loss_dm", "adapt/loss_dm"), ("loss_ngram", "adapt/loss_ngram")):
+                    for k, key in (("loss_distill", "adapt/loss"), ("loss_dm", "adapt/loss_dm"),
+                                   ("loss_ngram", "adapt/loss_ngram")):
                         stats[key] += float(out[k].detach())
                     n += 1
         finally:

@@ -313,8 +313,26 @@ def test_joint_update_backpropagates_the_head_loss_into_the_drafter(pair_llama2_
     saved = list(learner.buffer)
     out = learner.update(progress=False)
     assert out["head/loss"] > 0 and out["head/n_updates"] == 1 == spy.n_updates
-    assert out["adapt/loss_dm"] == 0 and out["adapt/loss_ngram"] == 0
+    assert out["adapt/loss"] == out["adapt/loss_dm"] == out["adapt/loss_ngram"] == 0  # adapt/loss: L_distill only
     assert any(not torch.equal(a, b) for a, b in zip(before, drafter.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(head_before, spy.head.parameters()))
     with torch.no_grad():
         assert float(learner.losses(saved)["loss_head"]) < loss0
+
+
+def test_a_frozen_joint_head_takes_no_part_in_the_update(pair_llama2_qwen):
+    """An attached head that is not learning adds no loss term: with no distillation signal the
+    update moves nothing, and the head gathers no gradient."""
+    import dataclasses
+
+    drafter, learner, spy = _joint_setup(pair_llama2_qwen)
+    spy.learn = False
+    learner.buffer = [dataclasses.replace(ex, dm_pos=[], dm_logp=ex.dm_logp[:0], dm_top=[], ngrams=[])
+                      for ex in learner.buffer if ex.head]
+    before = [p.detach().clone() for p in drafter.parameters()]
+    head_before = [p.detach().clone() for p in spy.head.parameters()]
+    out = learner.update(progress=False)
+    assert "head/loss" not in out and spy.n_updates == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, drafter.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(head_before, spy.head.parameters()))
+    assert all(p.grad is None for p in spy.head.parameters())
