@@ -3,6 +3,9 @@
     .venv/bin/python experiments/make_tables.py core        # results/core/*/summary.json -> results/core/table.md
     .venv/bin/python experiments/make_tables.py adaptive    # results/adaptive/*/summary.json -> results/adaptive/table.md
 
+Each table is followed by one of per-50-prompt blocks (acceptance, mean accepted length, mean draft
+length, speedup over the block's prompts that measured ar), computed from metrics.jsonl.
+
 A summary written while its stream was still running (or without one: the stream's
 metrics.jsonl alone) is summarised from metrics.jsonl and marked partial. "gain first/last
 window" is a run's acceptance minus its reference run's (spd_dm; sv_fixed or the cross-vocab
@@ -49,6 +52,8 @@ def load(run: Path) -> tuple[dict, bool]:
     from omnidraft.metrics import summarise
 
     s = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    if "provenance" not in s and (run / "provenance.json").exists():  # written when the run started
+        s["provenance"] = json.loads((run / "provenance.json").read_text())
     rows = _rows(run)
     done = s.get("status") == "ok" and s.get("n_prompts") == len(rows)
     if not done and rows:
@@ -134,6 +139,36 @@ def table(group: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def blocks(group: str, size: int = 50) -> str:
+    """Per block of ``size`` prompts (by prompt index): acceptance, mean accepted length (tokens
+    per target forward) and mean draft length (drafter tokens per step) of every run with rows,
+    and the speedup over the block's prompts that measured ar; sums over the block, not means."""
+    runs = [(n, ROOT / "results" / Path(*ALIAS.get((group, n), (group, n)))) for n in ORDER[group]]
+    runs = [(n, r) for n, r in runs if (r / "metrics.jsonl").exists()]
+    if not runs:
+        return ""
+    n_max = max(max(x["prompt/index"] for x in _rows(r)) + 1 for _, r in runs)
+    lines = [f"Per {size}-prompt block: acceptance / mean accepted len / mean draft len / speedup", "",
+             "| prompts | " + " | ".join(n for n, _ in runs) + " |", "|" + "---|" * (len(runs) + 1)]
+    for lo in range(0, n_max, size):
+        cells = []
+        for _, r in runs:
+            rows = [x for x in _rows(r) if lo <= x["prompt/index"] < lo + size]
+            steps = sum(x.get("sd/steps") or 0 for x in rows)
+            if not rows or not steps:
+                cells.append("-")
+                continue
+            new = sum(x["sd/new_tokens"] for x in rows)
+            drafted = sum((x.get("draft/mean_len") or 0) * x["sd/steps"] for x in rows)
+            ar = [x for x in rows if x.get("ar/wall_s")]
+            sp = (sum(x["sd/new_tokens"] for x in ar) / sum(x["sd/wall_s"] for x in ar)) / \
+                (sum(x["ar/new_tokens"] for x in ar) / sum(x["ar/wall_s"] for x in ar)) if ar else None
+            cells.append(f"{fmt(_rate(rows), '.3f')} / {new / steps:.2f} / {drafted / steps:.2f} / {fmt(sp, '.2f')}"
+                         + ("" if len(rows) == size else f" ({len(rows)})"))
+        lines.append(f"| {lo}-{lo + size - 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     group = sys.argv[1] if len(sys.argv) > 1 else "core"
     if group not in ORDER:
@@ -141,5 +176,6 @@ if __name__ == "__main__":
     out = ROOT / "results" / group / "table.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     text = table(group)
+    text += "\n" + blocks(group)
     out.write_text(text)
     print(text)

@@ -224,7 +224,10 @@ def start_run(cfg: DictConfig, overrides: list[str]) -> tuple[Path, dict[str, An
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(portable_config(cfg)))
-    return run_dir, provenance.collect(int(cfg.seed), overrides)
+    prov = provenance.collect(int(cfg.seed), overrides)
+    # also at the start: a run killed before its summary (SIGKILL, machine gone) keeps its provenance
+    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2, default=str))
+    return run_dir, prov
 
 
 def uses_draft_model(m) -> bool:

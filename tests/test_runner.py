@@ -35,6 +35,8 @@ def test_run_summary(tmp_path):
     assert abs(acc - s["accept/rate"]) < 1e-12
     assert all(r["sd/new_tokens"] <= 16 for r in rows)
     assert json.loads((tmp_path / "summary.json").read_text())["n_prompts"] == 3
+    # written when the run started, so a run killed before its summary keeps it
+    assert json.loads((tmp_path / "provenance.json").read_text())["git_hash"] == prov["git_hash"]
 
 
 def test_ar_method_and_baseline_every(tmp_path):
