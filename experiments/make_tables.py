@@ -169,6 +169,35 @@ def blocks(group: str, size: int = 50) -> str:
     return "\n".join(lines) + "\n"
 
 
+def head_intervals(group: str, size: int = 8) -> str:
+    """Runs with an acceptance head, per ``size`` prompts (the distillation interval): draft length,
+    acceptance and the head's mean prediction (raw, debiased) vs the observed acceptance, so the
+    effect of each update on the stop rule shows."""
+    out = []
+    for n in ORDER[group]:
+        run = ROOT / "results" / Path(*ALIAS.get((group, n), (group, n)))
+        rows = [x for x in _rows(run) if x.get("head/n")]
+        if not rows:
+            continue
+        out += [f"{n}: per {size} prompts, drafter tokens per step / acceptance / head raw / debiased / observed", "",
+                "| prompts | draft len | acc | head raw | head debiased | observed |", "|---|---|---|---|---|---|"]
+        for lo in range(0, len(rows), size):
+            rs = rows[lo: lo + size]
+            steps = sum(x["sd/steps"] for x in rs) or 1
+            w = sum(x["head/n"] for x in rs)
+            def mean(k: str) -> str:  # rows written before a key existed lack it
+                if not all(k in x for x in rs):
+                    return "-"
+                return f"{sum(x[k] * x['head/n'] for x in rs) / w:.3f}"
+
+            out.append(f"| {rs[0]['prompt/index']}-{rs[-1]['prompt/index']} | "
+                       f"{sum((x.get('draft/mean_len') or 0) * x['sd/steps'] for x in rs) / steps:.2f} | "
+                       f"{fmt(_rate(rs), '.3f')} | {mean('head/pred_accept')} | "
+                       f"{mean('head/pred_accept_debiased')} | {mean('head/obs_accept')} |")
+        out.append("")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     group = sys.argv[1] if len(sys.argv) > 1 else "core"
     if group not in ORDER:
@@ -177,5 +206,7 @@ if __name__ == "__main__":
     out.parent.mkdir(parents=True, exist_ok=True)
     text = table(group)
     text += "\n" + blocks(group)
+    if group == "adaptive":
+        text += "\n" + head_intervals(group)
     out.write_text(text)
     print(text)
