@@ -1,0 +1,29 @@
+#!/bin/bash
+# Issue 5's same-vocab streams (Qwen2.5-Coder-0.5B drafting for 1.5B, LoRA r32 distillation, 200
+# GSM8K prompts each), two at a time, one per core: sv_fixed + sv_joint, then sv_heuristic +
+# sv_interleaved; then their files are copied into results/adaptive/ and the table is rebuilt.
+# Every stream checkpoints every 5 prompts and resumes, so run this again after an interruption
+# (same RUNS_ROOT, same machine) and it continues; finished streams are skipped.
+#   RUNS_ROOT=/work/runs bash experiments/run_adaptive_pipeline.sh
+# ~3.3 h a stream on one core of an AVX512 CPU without native bf16 (fp32), both cores busy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=${RUNS_ROOT:-results}
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} WANDB_MODE=${WANDB_MODE:-offline}
+sv=(drafter=qwen25_coder_05b method=omnidraft method.adapt.lora_rank=32)
+finished() { [ -f "$root/adaptive/$1/summary.json" ] && grep -q '"status": "ok"' "$root/adaptive/$1/summary.json"; }
+stream() {  # NAME CORE [overrides...]
+  local name=$1; shift
+  finished "$name" || RUNS_ROOT=$root bash experiments/run_stream.sh adaptive "$name" "$@"
+}
+stream sv_fixed 0 "${sv[@]}" & stream sv_joint 1 "${sv[@]}" ablation=adaptive_joint & wait
+stream sv_heuristic 0 "${sv[@]}" ablation=heuristic_k & stream sv_interleaved 1 "${sv[@]}" ablation=adaptive_interleaved & wait
+if [ "$root" != results ]; then
+  for name in sv_fixed sv_joint sv_heuristic sv_interleaved; do
+    mkdir -p "results/adaptive/$name"
+    for f in config.yaml metrics.jsonl summary.json provenance.json; do
+      [ -f "$root/adaptive/$name/$f" ] && cp "$root/adaptive/$name/$f" "results/adaptive/$name/"
+    done
+  done
+fi
+.venv/bin/python experiments/make_tables.py adaptive
