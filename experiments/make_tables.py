@@ -88,6 +88,8 @@ def gains(rows: list[dict], ref: list[dict], window: int) -> tuple[float | None,
 def cpu(s: dict) -> str:
     """The CPU ISA each segment ran on (speedups from different ISAs are not comparable:
     bf16 is native with AVX512-BF16 and emulated, several times slower, on AVX2)."""
+    from omnidraft.models import native_bf16
+
     prov = s.get("provenance") or {}
     segs = prov.get("segments") or [prov]
     if len(segs) == 1 and "cpu_flags" not in segs[0]:  # segments recorded flags only later
@@ -95,7 +97,7 @@ def cpu(s: dict) -> str:
 
     def isa(g: dict) -> str:
         cap, flags = g.get("cpu_capability") or "unrecorded", g.get("cpu_flags")
-        if flags is not None and {"avx512_bf16", "amx_bf16"} & set(flags):
+        if flags is not None and native_bf16("cpu", set(flags)):
             cap += "-BF16"  # torch reports AVX512 with or without native bf16
         return cap
 

@@ -245,9 +245,8 @@ class HeadLearner:
         self.head.load_state_dict({k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")})
         load_optimizer_state(self.opt, tensors, meta, "head_opt")
         self.buffer.clear()
-        if self.in_learner:  # trained inside the drafter's update: its own buffer is unused
-            meta = {**meta, "labels": []}
-        for j, y in enumerate(meta["labels"]):
-            self.buffer.append((tensors[f"head_buf.{j}"], y))
+        if not self.in_learner:  # a head trained inside the drafter's update has no buffer of its own
+            for j, y in enumerate(meta["labels"]):
+                self.buffer.append((tensors[f"head_buf.{j}"], y))
         set_rng_state(self.rng, meta["rng"])
         self.n_updates = int(meta["n_updates"])

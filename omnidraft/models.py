@@ -77,11 +77,9 @@ def native_bf16(device: str | torch.device = "cpu", flags: set[str] | None = Non
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    if flags is None:
-        from omnidraft.provenance import cpu_flags
+    from omnidraft.provenance import BF16_FLAGS, cpu_flags
 
-        flags = cpu_flags()
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool((cpu_flags() if flags is None else flags) & set(BF16_FLAGS))
 
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu", flags: set[str] | None = None) -> str:

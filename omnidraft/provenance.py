@@ -35,7 +35,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-_SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+# CPU flags under which bf16 matmuls are native (x86 AVX512-BF16 / AMX, aarch64 bf16)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+_SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "amx_tile", *BF16_FLAGS)
 
 
 def cpu_flags() -> set[str]:

@@ -85,8 +85,8 @@ def _overrides(cfg: DictConfig) -> list[str]:
 def resolve_dtypes(cfg: DictConfig) -> None:
     """Replace ``dtype: auto`` of the target and drafter by what it means on this machine
     (bfloat16 where native, else float32; :func:`omnidraft.models.resolve_dtype`), so the saved
-    config, the resume fingerprint and the summary name the dtype that actually ran: a stream
-    started in bf16 is not silently resumed in fp32 on another machine."""
+    config.yaml and the resume fingerprint name the dtype that actually ran: a stream started in
+    bf16 is not silently resumed in fp32 on another machine."""
     for role in ("target", "drafter"):
         node = cfg.get(role)
         if node is not None and node.get("dtype") == "auto":
