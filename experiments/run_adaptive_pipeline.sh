@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 5's same-vocab streams (Qwen2.5-Coder-0.5B drafting for 1.5B, LoRA r32 distillation, 200
-# GSM8K prompts each), two at a time, one per core: sv_fixed + sv_joint, then sv_heuristic +
-# sv_interleaved; then their files are copied into results/adaptive/ and the table is rebuilt.
+# GSM8K prompts each), two at a time, one chain per core: sv_fixed then sv_heuristic on core 0,
+# sv_joint then sv_interleaved on core 1 (a core never idles waiting for the other); then their files are copied into results/adaptive/ and the table is rebuilt.
 # Every stream checkpoints every 5 prompts and resumes, so run this again after an interruption
 # (same RUNS_ROOT, same machine) and it continues; finished streams are skipped.
 #   RUNS_ROOT=/work/runs bash experiments/run_adaptive_pipeline.sh
@@ -16,8 +16,10 @@ stream() {  # NAME CORE [overrides...]
   local name=$1; shift
   finished "$name" || RUNS_ROOT=$root bash experiments/run_stream.sh adaptive "$name" "$@"
 }
-stream sv_fixed 0 "${sv[@]}" & stream sv_joint 1 "${sv[@]}" ablation=adaptive_joint & wait
-stream sv_heuristic 0 "${sv[@]}" ablation=heuristic_k & stream sv_interleaved 1 "${sv[@]}" ablation=adaptive_interleaved & wait
+{ stream sv_fixed 0 "${sv[@]}"; stream sv_heuristic 0 "${sv[@]}" ablation=heuristic_k; } &
+{ stream sv_joint 1 "${sv[@]}" ablation=adaptive_joint
+  stream sv_interleaved 1 "${sv[@]}" ablation=adaptive_interleaved; } &
+wait
 if [ "$root" != results ]; then
   for name in sv_fixed sv_joint sv_heuristic sv_interleaved; do
     mkdir -p "results/adaptive/$name"

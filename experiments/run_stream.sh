@@ -12,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 group=$1; name=$2; core=$3; shift 3
 dir=${RUNS_ROOT:-results}/$group/$name
+mkdir -p "$dir"
+exec 9>"$dir/.lock"  # held by the run for its lifetime: a second start of the same stream is refused
+flock -n 9 || { echo "run_stream.sh: $dir is already being run by another process; wait for it" >&2; exit 1; }
 resume=false
 [ -f "$dir/state/meta.json" ] && resume=true
 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 exec taskset -c "$core" .venv/bin/omnidraft "$@" task.limit=200 \
