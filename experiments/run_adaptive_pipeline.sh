@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 5's same-vocab streams (Qwen2.5-Coder-0.5B drafting for 1.5B, LoRA r32 distillation, 200
 # GSM8K prompts each), two at a time, one chain per core: sv_fixed then sv_heuristic on core 0,
-# sv_joint then sv_interleaved on core 1 (a core never idles waiting for the other); then their files are copied into results/adaptive/ and the table is rebuilt.
+# sv_joint then sv_interleaved on core 1 (a core never idles waiting for the other); then their
+# files are copied into results/adaptive/ and the table is rebuilt.
 # Every stream checkpoints every 5 prompts and resumes, so run this again after an interruption
 # (same RUNS_ROOT, same machine) and it continues; finished streams are skipped.
 #   RUNS_ROOT=/work/runs bash experiments/run_adaptive_pipeline.sh
