@@ -5,8 +5,14 @@
 #      (core 1, one thread)                                     -> $root/distill/gsm8k_fkl/
 #   2. omnidraft warm-up: the core issue's stream again (GSM8K test prompts 0..199, 64 new tokens),
 #      without the ar baseline (core 0, one thread, in parallel) -> $root/bench_warmup/omnidraft/
-#   3. the bench: every method, GSM8K 400..419 + HumanEval 0..19, 128 new tokens, one process on
-#      both cores, checkpointed every prompt                    -> $root/bench/run/ and results/bench/
+#   3. the bench: every method, 128 new tokens, one process per task (GSM8K 400..419 on core 0,
+#      HumanEval 0..19 on core 1, one thread each; all methods of a task in ONE process, interleaved
+#      per prompt), checkpointed every prompt  -> $root/bench/{gsm8k,humaneval}/ and results/bench/
+#   Stage 2 single-threaded takes ~80 min on an AVX512-BF16 core; once stage 1 is done (~15 min) you
+#   may stop it (SIGTERM) and resume it on both cores, which the pipeline does not do for you:
+#     taskset -c 0,1 .venv/bin/omnidraft method=omnidraft measure_baseline=false task.limit=200 \
+#       decode.max_new_tokens=64 baseline_every=5 threads=2 checkpoint_every=5 logger=none resume=true \
+#       hydra.run.dir=$root/bench_warmup/omnidraft
 #   RUNS_ROOT=/work/runs bash experiments/run_bench_pipeline.sh
 # RUNS_ROOT (default results) holds the run directories; their state/ folders are git-ignored.
 set -euo pipefail
@@ -28,8 +34,14 @@ fi
 wait
 finished "$distill" && finished "$warm" || { echo "a preparation stage failed; see its summary.json" >&2; exit 1; }
 
-bench=$root/bench/run
-resume=false; [ -f "$bench/state/bench.json" ] && resume=true
-exec .venv/bin/omnidraft bench threads=2 logger=none resume=$resume hydra.run.dir="$bench" \
-  "bench.method_overrides.omnidraft=[\"drafter.init_state=$warm/state\",\"drafter.init_ngram=true\"]" \
-  "bench.method_overrides.distillspec=[\"drafter.init_state=$distill/state\"]"
+bench() {  # TASK CORE
+  local dir=$root/bench/$1 resume=false
+  [ -f "$dir/state/bench.json" ] && resume=true  # a finished bench resumed only rewrites its outputs
+  OMP_NUM_THREADS=1 taskset -c "$2" .venv/bin/omnidraft bench "bench.tasks=[$1]" threads=1 logger=none \
+    resume=$resume hydra.run.dir="$dir" \
+    "bench.method_overrides.omnidraft=[\"drafter.init_state=$warm/state\",\"drafter.init_ngram=true\"]" \
+    "bench.method_overrides.distillspec=[\"drafter.init_state=$distill/state\"]"
+}
+bench gsm8k 0 &
+bench humaneval 1 &
+wait
