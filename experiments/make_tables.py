@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/make_tables.py core        # results/core/*/summary.json -> results/core/table.md
     .venv/bin/python experiments/make_tables.py adaptive    # results/adaptive/*/summary.json -> results/adaptive/table.md
+    .venv/bin/python experiments/make_tables.py bench       # results/bench/runs/*/metrics.jsonl -> results/bench/table.md
 
 Each table is followed by one of per-50-prompt blocks (acceptance, mean accepted length, mean draft
 length, speedup over the block's prompts that measured ar), computed from metrics.jsonl.
@@ -200,14 +201,76 @@ def head_intervals(group: str, size: int = 8) -> str:
     return "\n".join(out)
 
 
+BENCH_COLS = [("speedup", "speed/speedup", ".2f"), ("tok/s", "speed/tok_per_s", ".2f"), ("acc", "accept/rate", ".3f"),
+              ("mean accepted len", "accept/mean_len", ".2f"), ("equal to ar", "lossless/match_rate", ".2f"),
+              ("overhead", "overhead/share", ".1%")]
+
+
+def bench_table() -> str:
+    """The issue-6 bench: one bench process per task (results/bench/runs/<task>/, each with every
+    method interleaved per prompt), a column block per task and one over all prompts (ratios of
+    totals over the rows, as the bench computes them), then the issue's targets checked."""
+    sys.path.insert(0, str(ROOT))
+    from omnidraft.bench import _agg
+
+    runs = sorted(d for d in (ROOT / "results" / "bench" / "runs").glob("*") if (d / "metrics.jsonl").exists())
+    if not runs:
+        return "no bench runs under results/bench/runs/\n"
+    rows = [r for d in runs for r in _rows(d)]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+
+    def done(task: str | None) -> list[dict]:  # prompts every method finished (a cut bench can end mid-prompt)
+        rs = [r for r in rows if task is None or r["task"] == task]
+        keys = [{(r["task"], r["prompt/index"]) for r in rs if r["method"] == m} for m in methods]
+        ok = set.intersection(*keys) if keys else set()
+        return [r for r in rs if (r["task"], r["prompt/index"]) in ok]
+
+    parts = [(t, done(t)) for t in tasks] + ([("all", done(None))] if len(tasks) > 1 else [])
+    aggs = {name: {m: _agg([r for r in rs if r["method"] == m]) for m in methods} for name, rs in parts if rs}
+    head = "| method | " + " | ".join(f"{name} {c}" for name in aggs for c, _, _ in BENCH_COLS) + " |"
+    lines = []
+    for d in runs:  # where and how each bench process ran
+        s = {"provenance": json.loads((d / "provenance.json").read_text())} if (d / "provenance.json").exists() else {}
+        g = s.get("provenance", {})
+        lines.append(f"- {d.name}: git {str(g.get('git_hash'))[:10]}{' (dirty)' if g.get('git_dirty') else ''}, "
+                     f"{g.get('cpu')} ({cpu(s)}), torch threads {g.get('torch_threads')}, target dtype {dtype(d)}")
+    lines += ["", "prompts per block: " + ", ".join(f"{name} {a[methods[0]]['n_prompts']}" for name, a in aggs.items()),
+              "", head, "|" + "---|" * (1 + len(aggs) * len(BENCH_COLS))]
+    for m in methods:
+        lines.append(f"| {m} | " + " | ".join(fmt(aggs[name][m].get(k), f) for name in aggs for _, k, f in BENCH_COLS)
+                     + " |")
+    lines += ["", "Targets (issue 6), per block:", ""]
+    for name, a in aggs.items():
+        sp = {m: a[m]["speed/speedup"] for m in methods}
+        checks = []
+        if "spd_dm" in sp and "uag_k5" in sp:
+            checks.append(f"spd_dm {sp['spd_dm']:.2f}x vs uag_k5 {sp['uag_k5']:.2f}x: "
+                          f"{'met' if sp['spd_dm'] >= sp['uag_k5'] else 'missed'} ({sp['spd_dm'] / sp['uag_k5']:.2f}x)")
+        for u in ("uag", "uag_k5"):
+            if "omnidraft" in sp and u in sp:
+                r = sp["omnidraft"] / sp[u]
+                checks.append(f"omnidraft / {u} {r:.2f} (target >= 1.3: {'met' if r >= 1.3 else 'missed'})")
+        over = {m: a[m]["overhead/share"] for m in methods if m != "ar" and a[m]["overhead/share"] is not None}
+        if over:
+            worst = max(over, key=over.get)
+            checks.append(f"largest overhead {over[worst]:.1%} ({worst}; target <= 10%: "
+                          f"{'met' if over[worst] <= 0.10 else 'missed'})")
+        lines.append(f"- {name}: " + "; ".join(checks))
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     group = sys.argv[1] if len(sys.argv) > 1 else "core"
-    if group not in ORDER:
-        sys.exit(f"make_tables: unknown group {group!r}; use one of {', '.join(ORDER)}")
+    if group not in ORDER and group != "bench":
+        sys.exit(f"make_tables: unknown group {group!r}; use one of {', '.join(ORDER)}, bench")
     out = ROOT / "results" / group / "table.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = table(group)
-    text += "\n" + blocks(group)
+    if group == "bench":
+        text = bench_table()
+    else:
+        text = table(group)
+        text += "\n" + blocks(group)
     if group == "adaptive":
         text += "\n" + head_intervals(group)
     out.write_text(text)

@@ -7,7 +7,7 @@
 #      without the ar baseline (core 0, one thread, in parallel) -> $root/bench_warmup/omnidraft/
 #   3. the bench: every method, 128 new tokens, one process per task (GSM8K 400..419 on core 0,
 #      HumanEval 0..19 on core 1, one thread each; all methods of a task in ONE process, interleaved
-#      per prompt), checkpointed every prompt  -> $root/bench/{gsm8k,humaneval}/ and results/bench/
+#      per prompt), checkpointed every prompt -> $root/bench/runs/{gsm8k,humaneval}/; then results/bench/table.md
 #   Stage 2 single-threaded takes ~80 min on an AVX512-BF16 core; once stage 1 is done (~15 min) you
 #   may stop it (SIGTERM) and resume it on both cores, which the pipeline does not do for you:
 #     taskset -c 0,1 .venv/bin/omnidraft method=omnidraft measure_baseline=false task.limit=200 \
@@ -35,7 +35,7 @@ wait
 finished "$distill" && finished "$warm" || { echo "a preparation stage failed; see its summary.json" >&2; exit 1; }
 
 bench() {  # TASK CORE
-  local dir=$root/bench/$1 resume=false
+  local dir=$root/bench/runs/$1 resume=false
   [ -f "$dir/state/bench.json" ] && resume=true  # a finished bench resumed only rewrites its outputs
   OMP_NUM_THREADS=1 taskset -c "$2" .venv/bin/omnidraft bench "bench.tasks=[$1]" threads=1 logger=none \
     resume=$resume hydra.run.dir="$dir" \
@@ -45,3 +45,12 @@ bench() {  # TASK CORE
 bench gsm8k 0 &
 bench humaneval 1 &
 wait
+if [ "$root" != results ]; then  # the small files of every stage into results/ (state/ and data/ stay)
+  for d in distill/gsm8k_fkl bench_warmup/omnidraft bench/runs/gsm8k bench/runs/humaneval; do
+    mkdir -p "results/$d"
+    for f in config.yaml metrics.jsonl summary.json provenance.json; do
+      [ -f "$root/$d/$f" ] && cp "$root/$d/$f" "results/$d/"
+    done
+  done
+fi
+.venv/bin/python experiments/make_tables.py bench
