@@ -21,12 +21,5 @@ stream() {  # NAME CORE [overrides...]
 { stream sv_joint 1 "${sv[@]}" ablation=adaptive_joint
   stream sv_interleaved 1 "${sv[@]}" ablation=adaptive_interleaved; } &
 wait
-if [ "$root" != results ]; then
-  for name in sv_fixed sv_joint sv_heuristic sv_interleaved; do
-    mkdir -p "results/adaptive/$name"
-    for f in config.yaml metrics.jsonl summary.json provenance.json; do
-      [ -f "$root/adaptive/$name/$f" ] && cp "$root/adaptive/$name/$f" "results/adaptive/$name/"
-    done
-  done
-fi
+bash experiments/copy_results.sh "$root" adaptive/sv_fixed adaptive/sv_joint adaptive/sv_heuristic adaptive/sv_interleaved
 .venv/bin/python experiments/make_tables.py adaptive

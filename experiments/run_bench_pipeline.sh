@@ -45,12 +45,5 @@ bench() {  # TASK CORE
 bench gsm8k 0 &
 bench humaneval 1 &
 wait
-if [ "$root" != results ]; then  # the small files of every stage into results/ (state/ and data/ stay)
-  for d in distill/gsm8k_fkl bench_warmup/omnidraft bench/runs/gsm8k bench/runs/humaneval; do
-    mkdir -p "results/$d"
-    for f in config.yaml metrics.jsonl summary.json provenance.json; do
-      [ -f "$root/$d/$f" ] && cp "$root/$d/$f" "results/$d/"
-    done
-  done
-fi
+bash experiments/copy_results.sh "$root" distill/gsm8k_fkl bench_warmup/omnidraft bench/runs/gsm8k bench/runs/humaneval
 .venv/bin/python experiments/make_tables.py bench
