@@ -77,15 +77,18 @@ def check_bench(cfg: DictConfig) -> None:
 
 
 def _base_overrides(cfg: DictConfig) -> list[str]:
-    """The command line's overrides (``cfg.overrides`` outside Hydra), minus the bench's own keys
-    and hydra's: each method's config is composed from them."""
+    """The command line's overrides (``cfg.overrides`` outside Hydra), minus the bench's own keys,
+    hydra's and ``resume``/``state_dir`` (the bench resumes every method from its own checkpoint;
+    a method composed with resume=true would refuse its drafter.init_state): each method's config
+    is composed from them."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
         ov = list(HydraConfig.get().overrides.task)
     except ValueError:
         ov = list(cfg.get("overrides") or [])
-    return [o for o in ov if not o.lstrip("+~").startswith(("bench.", "hydra.", "hydra/", "run_dir="))]
+    return [o for o in ov
+            if not o.lstrip("+~").startswith(("bench.", "hydra.", "hydra/", "run_dir=", "resume=", "state_dir="))]
 
 
 def method_config(name: str, task: str, cfg: DictConfig, base: list[str]) -> DictConfig:

@@ -360,3 +360,17 @@ def test_uag_heuristic_draft_length_is_part_of_the_saved_state(tmp_path):
     assert b.hf.assistant_config.num_assistant_tokens == 5
     b.restore(st)
     assert b.hf.assistant_config.num_assistant_tokens == 7
+
+
+def test_bench_resume_is_not_passed_to_the_methods(tmp_path):
+    """`omnidraft bench resume=true` resumes the bench's checkpoint; the methods' configs must not
+    carry it, or a method with drafter.init_state (distillspec, a warmed omnidraft) is refused."""
+    import omnidraft.bench as bench
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.runner import check_config
+
+    c = _cfg("bench", "overrides=['debug=tiny','resume=true','state_dir=x','seed=3']", f"run_dir={tmp_path}")
+    base = bench._base_overrides(c)
+    assert base == ["debug=tiny", "seed=3"]
+    with pytest.raises(OmniDraftError, match="drop drafter.init_state"):  # what the filter prevents
+        check_config(_cfg("config", "debug=tiny", "resume=true", f"drafter.init_state={tmp_path}"))
