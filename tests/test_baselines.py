@@ -309,16 +309,23 @@ def test_hf_ar_is_transformers_plain_generate_and_equals_ar(pair_llama2_qwen, tm
 
 
 def test_bench_resumes_from_its_checkpoint_like_an_uninterrupted_bench(tmp_path, monkeypatch):
+    """Includes a method served from drafter.init_state (distillspec), and resume=true given as the
+    command line gives it (among the overrides the methods' configs are composed from)."""
     import omnidraft.bench as bench
+    from omnidraft.distill_runner import run_distill
     from omnidraft.errors import OmniDraftError
 
-    methods = ["ar", "uag_k5", "osd", "omnidraft"]
+    run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=6", "task.limit=2",
+                     "distill.max_new_tokens=8", "progress=false"))
+    methods = ["ar", "uag_k5", "osd", "distillspec", "omnidraft"]
 
     def cfg(name, *extra):
-        return _cfg("bench", "overrides=['debug=tiny']", f"run_dir={tmp_path / name}", f"bench.out_dir={tmp_path / 'out'}",
+        cli = "overrides=['debug=tiny','resume=true']" if "resume=true" in extra else "overrides=['debug=tiny']"
+        return _cfg("bench", cli, f"run_dir={tmp_path / name}", f"bench.out_dir={tmp_path / 'out'}",
                     f"bench.name={name}", "bench.tasks=[synthetic]", "bench.limit=5", "decode.max_new_tokens=10",
                     f"bench.methods=[{','.join(methods)}]", "method.adapt.interval=1", "progress=false",
-                    "bench.method_overrides.osd=['method.adapt.interval=1']", "checkpoint_every=1", *extra)
+                    "bench.method_overrides.osd=['method.adapt.interval=1']", "checkpoint_every=1",
+                    f"bench.method_overrides.distillspec=['drafter.init_state={tmp_path / 'd' / 'state'}']", *extra)
 
     full = bench.run_bench(cfg("full"))
     real, calls = bench.rss_gib, {"n": 0}
