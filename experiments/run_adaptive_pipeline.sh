@@ -7,6 +7,10 @@
 # (same RUNS_ROOT, same machine) and it continues; finished streams are skipped.
 #   RUNS_ROOT=/work/runs bash experiments/run_adaptive_pipeline.sh
 # ~3.3 h a stream on one core of an AVX512 CPU without native bf16 (fp32), both cores busy.
+# A stream already finished in RUNS_ROOT or in results/adaptive/ (committed) is skipped. To run
+# one stream alone on both cores (two threads), e.g. in a session too short for two in parallel:
+#   RUNS_ROOT=/work/runs bash experiments/run_stream.sh adaptive sv_heuristic 0,1 drafter=qwen25_coder_05b \
+#     method=omnidraft method.adapt.lora_rank=32 target.dtype=float32 drafter.dtype=float32 ablation=heuristic_k
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${RUNS_ROOT:-results}
@@ -14,7 +18,8 @@ export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} WANDB_MODE=${WANDB_MODE:-offline}
 # fp32 on every machine: sv_fixed and sv_joint ran fp32 (`auto` on a CPU without native bf16),
 # and bf16's batched verification is not token-equal to ar (results/core: 0.825 of prompts)
 sv=(drafter=qwen25_coder_05b method=omnidraft method.adapt.lora_rank=32 target.dtype=float32 drafter.dtype=float32)
-finished() { [ -f "$root/adaptive/$1/summary.json" ] && grep -q '"status": "ok"' "$root/adaptive/$1/summary.json"; }
+done_in() { [ -f "$1/summary.json" ] && grep -q '"status": "ok"' "$1/summary.json"; }
+finished() { done_in "$root/adaptive/$1" || done_in "results/adaptive/$1"; }  # committed ones count
 stream() {  # NAME CORE [overrides...]
   local name=$1; shift
   finished "$name" || RUNS_ROOT=$root bash experiments/run_stream.sh adaptive "$name" "$@"

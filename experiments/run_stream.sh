@@ -8,6 +8,8 @@
 # Writes summary.json, config.yaml, metrics.jsonl; state/ is the checkpoint (git-ignored).
 # RUNS_ROOT=DIR runs in DIR/GROUP/NAME instead of results/GROUP/NAME (e.g. a disk that outlives the
 # checkout, for a stream resumed across sessions); copy its files into results/ when it is done.
+# CORE may be a list ("0,1"): the stream then runs with one thread per listed core (one stream alone
+# on the machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 group=$1; name=$2; core=$3; shift 3
@@ -17,6 +19,7 @@ exec 9>"$dir/.lock"  # held by the run for its lifetime: a second start of the s
 flock -n 9 || { echo "run_stream.sh: $dir is already being run by another process; wait for it" >&2; exit 1; }
 resume=false
 [ -f "$dir/state/meta.json" ] && resume=true
-OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 exec taskset -c "$core" .venv/bin/omnidraft "$@" task.limit=200 \
-  decode.max_new_tokens=64 baseline_every=5 threads=1 checkpoint_every=5 logger=none resume=$resume \
+threads=$(echo "$core" | tr ',' '\n' | wc -l)
+OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads exec taskset -c "$core" .venv/bin/omnidraft "$@" task.limit=200 \
+  decode.max_new_tokens=64 baseline_every=5 threads=$threads checkpoint_every=5 logger=none resume=$resume \
   hydra.run.dir="$dir"

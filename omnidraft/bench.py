@@ -154,6 +154,9 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "overhead/share": (1.0 - tot("forward_s") / wall if wall else 0.0) if profiled else None,
         "mem/peak_rss_gib": max(r["rss_gib"] for r in rows),
         "time/wall_s": wall, "time/forward_s": tot("forward_s") if profiled else None, "time/adapt_s": tot("adapt_s"),
+        # the decode loop's own split of the wall time (rows of benches older than it lack it)
+        "time/draft_s": sum(r.get("draft_s") or 0.0 for r in rows), "time/target_s": sum(r.get("target_s") or 0.0 for r in rows),
+        "time/steps": tot("steps"),
         "n_prompts": len(rows), "new_tokens": new,
     }
     return out
@@ -281,6 +284,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                 row = {"method": m, "task": task, "prompt/id": rid, "prompt/index": i,
                        "new_tokens": res.n_new, "wall_s": res.wall_s, "steps": len(res.steps),
                        "proposed": res.proposed, "accepted": res.accepted, "forward_s": fwd,
+                       "draft_s": res.draft_s, "target_s": res.target_s,  # the decode loop's own split
                        "ar_new_tokens": ar.n_new, "ar_wall_s": ar.wall_s,
                        "speedup": (res.n_new / res.wall_s) / (ar.n_new / ar.wall_s) if res.wall_s and ar.n_new else 0.0,
                        "match_ar": res.tokens == ar.tokens, "rss_gib": rss,

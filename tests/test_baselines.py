@@ -245,6 +245,9 @@ def test_bench_runs_every_method_in_one_process(tmp_path):
     assert set(on_disk) >= {"methods", "provenance"} and "| omnidraft |" in (tmp_path / "out" / "tiny.md").read_text()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * len(methods)
+    split = {r["method"]: (r["draft_s"], r["target_s"]) for r in rows}
+    assert split["ar"][1] > 0 and split["ar"][0] < 0.05 * split["ar"][1]  # ar proposes nothing
+    assert split["spd_dm"][0] > split["ar"][0] and split["omnidraft"][0] > split["ar"][0]  # drafter time apart
 
 
 def test_bench_task_overrides_pick_each_tasks_prompts(tmp_path):
