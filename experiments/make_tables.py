@@ -257,6 +257,20 @@ def bench_table() -> str:
             checks.append(f"largest overhead {over[worst]:.1%} ({worst}; target <= 10%: "
                           f"{'met' if over[worst] <= 0.10 else 'missed'})")
         lines.append(f"- {name}: " + "; ".join(checks))
+    for name, rs in parts:  # where the time goes: the decode loop's draft/verify split, per step
+        if not rs or name == "all" or any("draft_s" not in r for r in rs):
+            continue  # rows of benches older than the split lack it
+        lines += ["", f"Time per step, {name} (draft and verify phases as the decode loop times them; uag: between "
+                  "and in the target's forwards):", "",
+                  "| method | steps | draft s/step | verify s/step | drafted tok/step | draft s/drafted tok | wall s/token |",
+                  "|---|---|---|---|---|---|---|"]
+        for m in methods:
+            mr = [r for r in rs if r["method"] == m]
+            tot = {k: sum(r[k] for r in mr) for k in ("steps", "draft_s", "target_s", "proposed", "wall_s", "new_tokens")}
+            st, pr = max(1, tot["steps"]), tot["proposed"]
+            lines.append(f"| {m} | {tot['steps']} | {tot['draft_s'] / st:.3f} | {tot['target_s'] / st:.3f} | "
+                         f"{pr / st:.2f} | {tot['draft_s'] / pr if pr else 0:.3f} | "
+                         f"{tot['wall_s'] / max(1, tot['new_tokens']):.3f} |")
     return "\n".join(lines) + "\n"
 
 

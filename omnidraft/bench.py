@@ -155,7 +155,8 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mem/peak_rss_gib": max(r["rss_gib"] for r in rows),
         "time/wall_s": wall, "time/forward_s": tot("forward_s") if profiled else None, "time/adapt_s": tot("adapt_s"),
         # the decode loop's own split of the wall time (rows of benches older than it lack it)
-        "time/draft_s": sum(r.get("draft_s") or 0.0 for r in rows), "time/target_s": sum(r.get("target_s") or 0.0 for r in rows),
+        "time/draft_s": sum(r.get("draft_s") or 0.0 for r in rows),
+        "time/target_s": sum(r.get("target_s") or 0.0 for r in rows),
         "time/steps": tot("steps"),
         "n_prompts": len(rows), "new_tokens": new,
     }
