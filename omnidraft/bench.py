@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from omnidraft import provenance
@@ -48,18 +48,39 @@ def check_bench(cfg: DictConfig) -> None:
     if "ar" not in b.methods:
         raise OmniDraftError("bench.methods must include ar: every speedup is a ratio against it")
     conf = Path(__file__).resolve().parent.parent / "conf" / "method"
+    known = ", ".join(sorted(p.stem for p in conf.glob("*.yaml")))
+    variants = b.get("variants") or {}
+    for label, v in variants.items():
+        if not isinstance(v, DictConfig) or "method" not in v or set(v) - {"method", "overrides"} \
+                or not isinstance(v.get("overrides"), (ListConfig, type(None))):
+            raise OmniDraftError(f"bench.variants.{label}={_plain_any(v)!r}: give a method and a list of "
+                                 "overrides, e.g. '+bench.variants.omnidraft_h={method:omnidraft,"
+                                 "overrides:[\"method.draft_length.policy=heuristic\"]}'")
+        if (conf / f"{label}.yaml").exists():
+            raise OmniDraftError(f"bench.variants.{label}: {label!r} is a method's name; give the variant another "
+                                 "label (e.g. omnidraft_heuristic)")
+        if not (conf / f"{v.method}.yaml").exists():
+            raise OmniDraftError(f"bench.variants.{label}.method={v.method!r} is not a method; known: {known}")
+        bad = [o for o in (v.overrides or []) if o.lstrip("+~").startswith("method=")]
+        if bad:
+            raise OmniDraftError(f"bench.variants.{label} sets {bad[0]!r}: the variant's method is "
+                                 f"bench.variants.{label}.method")
+    if len(set(b.methods)) != len(b.methods):
+        raise OmniDraftError(f"bench.methods lists a method twice: {list(b.methods)}")
     for m in b.methods:
-        if not (conf / f"{m}.yaml").exists():
-            known = ", ".join(sorted(p.stem for p in conf.glob("*.yaml")))
-            raise OmniDraftError(f"bench.methods has unknown method {m!r}; known: {known}")
+        if m not in variants and not (conf / f"{m}.yaml").exists():
+            raise OmniDraftError(f"bench.methods has unknown method {m!r}; known: {known}"
+                                 + (f"; variants: {', '.join(variants)}" if variants else ""))
     if not b.tasks:
         raise OmniDraftError("bench.tasks is empty; e.g. bench.tasks=[gsm8k,humaneval]")
     if b.limit < 1:
         raise OmniDraftError(f"bench.limit={b.limit} must be >= 1 (prompts per task)")
-    for m, over in (b.method_overrides or {}).items():
+    per_method = [(f"method_overrides.{m}", over) for m, over in (b.method_overrides or {}).items()]
+    per_method += [(f"variants.{m}.overrides", v.overrides) for m, v in variants.items()]
+    for where, over in per_method:
         bad = [o for o in (over or []) if o.lstrip("+~").startswith(("target", "task", "decode", "seed"))]
         if bad:
-            raise OmniDraftError(f"bench.method_overrides.{m} sets {bad[0]!r}: target, task, decoding and seed are "
+            raise OmniDraftError(f"bench.{where} sets {bad[0]!r}: target, task, decoding and seed are "
                                  "shared by every method of a bench; set them for the whole bench")
     for task, over in (b.task_overrides or {}).items():
         if not (conf.parent / "task" / f"{task}.yaml").exists():
@@ -76,6 +97,10 @@ def check_bench(cfg: DictConfig) -> None:
                 raise OmniDraftError(f"bench method {m!r} on {task}: {e}") from None
 
 
+def _plain_any(v: Any) -> Any:
+    return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
+
+
 def _base_overrides(cfg: DictConfig) -> list[str]:
     """The command line's overrides (``cfg.overrides`` outside Hydra), minus the bench's own keys,
     hydra's and ``resume``/``state_dir`` (the bench resumes every method from its own checkpoint;
@@ -88,16 +113,21 @@ def _base_overrides(cfg: DictConfig) -> list[str]:
     except ValueError:
         ov = list(cfg.get("overrides") or [])
     return [o for o in ov
-            if not o.lstrip("+~").startswith(("bench.", "hydra.", "hydra/", "run_dir=", "resume=", "state_dir="))]
+            if not o.lstrip("+~").startswith(("bench.", "bench_suite=", "hydra.", "hydra/", "run_dir=", "resume=",
+                                              "state_dir="))]
 
 
 def method_config(name: str, task: str, cfg: DictConfig, base: list[str]) -> DictConfig:
-    """The full run config of one method on one task, composed like ``omnidraft method=<name>``."""
+    """The full run config of one method (or variant) on one task, composed like
+    ``omnidraft method=<name>`` (a variant: ``method=<its method> <its overrides>``)."""
     from hydra import compose
 
-    extra = list((cfg.bench.method_overrides or {}).get(name, []) or [])
+    variant = (cfg.bench.get("variants") or {}).get(name)
+    method = variant.method if variant is not None else name
+    extra = [*((variant.get("overrides") or []) if variant is not None else []),
+             *((cfg.bench.method_overrides or {}).get(name, []) or [])]
     task_extra = list((cfg.bench.task_overrides or {}).get(task, []) or [])
-    over = [*base, f"method={name}", f"task={task}", f"task.limit={int(cfg.bench.limit)}", *task_extra,
+    over = [*base, f"method={method}", f"task={task}", f"task.limit={int(cfg.bench.limit)}", *task_extra,
             "run_dir=unused", *extra]  # a method's own run_dir is not used: the bench writes its files
     from hydra.core.global_hydra import GlobalHydra
 
@@ -150,6 +180,7 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "speed/speedup_mean_ratio": sum(r["speedup"] for r in rows) / len(rows),
         "accept/rate": tot("accepted") / prop if prop else 0.0,
         "accept/mean_len": new / max(1, tot("steps")),
+        "accept/proposed_per_step": prop / max(1, tot("steps")),  # mean draft length
         "lossless/match_rate": sum(r["match_ar"] for r in rows) / len(rows),
         "overhead/share": (1.0 - tot("forward_s") / wall if wall else 0.0) if profiled else None,
         "mem/peak_rss_gib": max(r["rss_gib"] for r in rows),
@@ -310,7 +341,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             "resumed_at": start if saved is not None else None,
             "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
             "max_new_tokens": n_new, "temperature": float(cfg.method.temperature),
-            "method_overrides": _plain(b.method_overrides),
+            "method_overrides": _plain(b.method_overrides), "variants": _plain(b.get("variants") or {}),
             "task_overrides": _plain(b.task_overrides), "process_peak_rss_gib": peak_rss_gib(),
             "provenance": prov,
         }
@@ -340,7 +371,7 @@ def write_outputs(result: dict[str, Any], out_dir: Path, name: str | None, run_d
 
 def markdown(result: dict[str, Any]) -> str:
     cols = ["method", "tok/s", "speedup", "speedup (mean of ratios)", "accept rate", "mean accepted len",
-            "equal to ar", "overhead", "peak RSS GiB", "own GiB", "adapt s"]
+            "draft len", "equal to ar", "overhead", "peak RSS GiB", "own GiB", "adapt s"]
     lines = [f"# Bench: {result['target']} <- {result['drafter']}, tasks {', '.join(result['tasks'])}",
              "", f"{result['n_prompts']} prompts ({result['limit_per_task']} per task), "
              f"{result['max_new_tokens']} new tokens, temperature {result['temperature']}, status {result['status']}. "
@@ -350,6 +381,10 @@ def markdown(result: dict[str, Any]) -> str:
     per_task = {t: o for t, o in (result.get("task_overrides") or {}).items() if o and t in result["tasks"]}
     if per_task:
         lines.append("Task overrides: " + "; ".join(f"{t}: {' '.join(o)}" for t, o in per_task.items()) + ".")
+    variants = {m: v for m, v in (result.get("variants") or {}).items() if m in result.get("methods", {})}
+    if variants:
+        lines.append("Variants: " + "; ".join(f"{m} = {v['method']} {' '.join(v.get('overrides') or [])}".rstrip()
+                                               for m, v in variants.items()) + ".")
     per_method = {m: o for m, o in (result.get("method_overrides") or {}).items() if o}
     if per_method:
         lines.append("Method overrides: " + "; ".join(f"{m}: {' '.join(o)}" for m, o in per_method.items()) + ".")
@@ -360,6 +395,7 @@ def markdown(result: dict[str, Any]) -> str:
         for m, a in ms.items():
             out.append(f"| {m} | {a['speed/tok_per_s']:.2f} | {a['speed/speedup']:.3f}x | "
                        f"{a['speed/speedup_mean_ratio']:.3f}x | {a['accept/rate']:.3f} | {a['accept/mean_len']:.2f} | "
+                       f"{'-' if a.get('accept/proposed_per_step') is None else format(a['accept/proposed_per_step'], '.2f')} | "
                        f"{a['lossless/match_rate']:.2f} | {'-' if a['overhead/share'] is None else format(a['overhead/share'], '.1%')} | {a['mem/peak_rss_gib']:.2f} | "
                        f"{a['mem/own_gib']:.2f} | "
                        f"{a['time/adapt_s']:.1f} |")

@@ -183,6 +183,9 @@ class BenchConfig:
     out_dir: str = "results/bench"
     name: Optional[str] = None
     method_overrides: Dict[str, List[str]] = field(default_factory=dict)
+    # label -> {method: <a conf/method name>, overrides: [...]}: a method under other settings (e.g.
+    # omnidraft with another draft-length policy), listed in `methods` like a method
+    variants: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

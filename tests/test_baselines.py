@@ -275,6 +275,44 @@ def test_bench_task_overrides_pick_each_tasks_prompts(tmp_path):
         run_bench(_cfg("bench", *over, "+bench.task_overrides.gsm9k=['task.offset=1']"))
 
 
+def test_bench_variants_serve_one_method_under_several_settings(tmp_path):
+    """bench_suite=adaptive: one adapted state (LoRA-free tiny drafter + acceptance head) served
+    frozen under fixed k, the heuristic and the head, as labelled variants of omnidraft in one bench."""
+    from test_runner import _cfg as run_cfg
+
+    from omnidraft.bench import check_bench, run_bench
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.runner import run
+
+    run(run_cfg(tmp_path / "s", "ablation=adaptive_joint", "method.adapt.interval=2", "task.limit=4",
+                "decode.max_new_tokens=12", "method.draft_length.k_max=8"))
+    variants = ["fixed_k5", "heuristic", "head", "head_g05"]
+    state = [f"+bench.method_overrides.{v}=['drafter.init_state={tmp_path / 's' / 'state'}']" for v in variants]
+    over = ("overrides=['debug=tiny']", "+bench_suite=adaptive", f"run_dir={tmp_path / 'run'}",
+            f"bench.out_dir={tmp_path / 'out'}", "bench.tasks=[synthetic]", "bench.limit=3",
+            "+bench.task_overrides.synthetic=['task.offset=4']", "decode.max_new_tokens=16", "progress=false")
+    res = run_bench(_cfg("bench", *over, *state))
+    assert list(res["methods"]) == ["ar", *variants] and res["variants"]["head_g05"]["method"] == "omnidraft"
+    a = res["methods"]
+    assert all(a[v]["lossless/match_rate"] == 1.0 for v in variants)  # greedy: every policy emits ar's tokens
+    assert all(a[v]["time/adapt_s"] == 0 for v in variants)  # served frozen
+    draft = {v: a[v]["accept/proposed_per_step"] for v in variants}
+    assert draft["heuristic"] != draft["fixed_k5"] and draft["head"] != draft["fixed_k5"], draft  # policies apply
+    md = (tmp_path / "out" / "bench_policies.md").read_text()
+    assert "head_g05 = omnidraft method.adapt.enabled=false" in md and "| heuristic |" in md
+    with pytest.raises(OmniDraftError, match="head_learn=false serves a trained head"):
+        run_bench(_cfg("bench", *over, "bench.methods=[ar,head]", "bench.name=nohead"))  # no state: no head
+    bad = [("+bench.variants.pld={method:omnidraft}", "is a method's name"),
+           ("+bench.variants.x={method:omnidraf}", "x.method=.omnidraf. is not a method"),
+           ("+bench.variants.z={overrides:['method.k=3']}", "give a method and a list"),
+           ("bench.methods=[ar,fixed_k6]", "unknown method 'fixed_k6'.*variants: fixed_k5"),
+           ("+bench.variants.y={method:omnidraft,overrides:['method=sd']}", "the variant's method is"),
+           ("bench.methods=[ar,head,head]", "lists a method twice")]
+    for o, msg in bad:
+        with pytest.raises(OmniDraftError, match=msg):
+            check_bench(_cfg("bench", *over, o))
+
+
 def test_serving_an_online_state_on_its_own_prompts_warns(tmp_path):
     from test_runner import _cfg as run_cfg
 

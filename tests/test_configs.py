@@ -116,3 +116,18 @@ def test_resolve_dtypes_names_what_runs_here():
     resolve_dtypes(cfg)
     assert cfg.target.dtype == ("bfloat16" if native_bf16("cpu") else "float32")
     assert cfg.drafter.dtype == "float16"
+
+
+@pytest.mark.parametrize("suite", sorted(p.stem for p in (Path(CONF_DIR) / "bench_suite").glob("*.yaml")))
+def test_every_bench_suite_composes_and_checks(suite):
+    """A prepared bench (`omnidraft bench +bench_suite=<suite>`): its methods and variants each
+    compose into a valid run config, every variant listed is defined."""
+    from omnidraft.bench import check_bench
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("bench", overrides=["run_dir=unused", f"+bench_suite={suite}"])
+    check_bench(cfg)
+    assert "ar" in cfg.bench.methods and all(m == "ar" or m in cfg.bench.variants or
+                                             (Path(CONF_DIR) / "method" / f"{m}.yaml").exists()
+                                             for m in cfg.bench.methods)
