@@ -341,7 +341,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             "resumed_at": start if saved is not None else None,
             "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
             "max_new_tokens": n_new, "temperature": float(cfg.method.temperature),
-            "method_overrides": _plain(b.method_overrides), "variants": _plain(b.get("variants") or {}),
+            "method_overrides": _plain(b.method_overrides), "variants": _plain(b.variants) if b.get("variants") else {},
             "task_overrides": _plain(b.task_overrides), "process_peak_rss_gib": peak_rss_gib(),
             "provenance": prov,
         }
