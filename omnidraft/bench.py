@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 from tqdm.auto import tqdm
 
 from omnidraft import provenance
@@ -53,7 +53,7 @@ def check_bench(cfg: DictConfig) -> None:
     for label, v in variants.items():
         if not isinstance(v, DictConfig) or "method" not in v or set(v) - {"method", "overrides"} \
                 or not isinstance(v.get("overrides"), (ListConfig, type(None))):
-            raise OmniDraftError(f"bench.variants.{label}={_plain_any(v)!r}: give a method and a list of "
+            raise OmniDraftError(f"bench.variants.{label}: give a method and a list of "
                                  "overrides, e.g. '+bench.variants.omnidraft_h={method:omnidraft,"
                                  "overrides:[\"method.draft_length.policy=heuristic\"]}'")
         if (conf / f"{label}.yaml").exists():
@@ -95,10 +95,6 @@ def check_bench(cfg: DictConfig) -> None:
                 method_config(m, task, cfg, base)
             except OmniDraftError as e:
                 raise OmniDraftError(f"bench method {m!r} on {task}: {e}") from None
-
-
-def _plain_any(v: Any) -> Any:
-    return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
 def _base_overrides(cfg: DictConfig) -> list[str]:

@@ -120,14 +120,19 @@ def test_resolve_dtypes_names_what_runs_here():
 
 @pytest.mark.parametrize("suite", sorted(p.stem for p in (Path(CONF_DIR) / "bench_suite").glob("*.yaml")))
 def test_every_bench_suite_composes_and_checks(suite):
-    """A prepared bench (`omnidraft bench +bench_suite=<suite>`): its methods and variants each
-    compose into a valid run config, every variant listed is defined."""
-    from omnidraft.bench import check_bench
+    """A prepared bench (`omnidraft bench +bench_suite=<suite>`) passes the bench's checks, and each
+    variant composes into its method with its own overrides applied."""
+    from omegaconf import OmegaConf
+
+    from omnidraft.bench import check_bench, method_config
 
     register_configs()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("bench", overrides=["run_dir=unused", f"+bench_suite={suite}"])
     check_bench(cfg)
-    assert "ar" in cfg.bench.methods and all(m == "ar" or m in cfg.bench.variants or
-                                             (Path(CONF_DIR) / "method" / f"{m}.yaml").exists()
-                                             for m in cfg.bench.methods)
+    for label, v in cfg.bench.variants.items():
+        c = method_config(label, cfg.bench.tasks[0], cfg, [])
+        assert c.method.name == v.method, label
+        for o in v.overrides:
+            key, value = o.split("=", 1)
+            assert str(OmegaConf.select(c, key)).lower() == value.lower(), (label, o)
