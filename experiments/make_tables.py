@@ -50,7 +50,7 @@ COLS = {
 def load(run: Path) -> tuple[dict, bool]:
     """(summary, partial). Summaries are recomputed from metrics.jsonl when the run is unfinished."""
     sys.path.insert(0, str(ROOT))
-    from omnidraft.metrics import summarise
+    from omnidraft.tables import summarise
 
     s = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     if "provenance" not in s and (run / "provenance.json").exists():  # written when the run started
@@ -89,7 +89,7 @@ def gains(rows: list[dict], ref: list[dict], window: int) -> tuple[float | None,
 def cpu(s: dict) -> str:
     """The CPU ISA each segment ran on (speedups from different ISAs are not comparable:
     bf16 is native with AVX512-BF16 and emulated, several times slower, on AVX2)."""
-    from omnidraft.models import native_bf16
+    from omnidraft.data.models import native_bf16
 
     prov = s.get("provenance") or {}
     segs = prov.get("segments") or [prov]

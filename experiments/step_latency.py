@@ -19,9 +19,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from omnidraft import kv, provenance
+from omnidraft import provenance
 from omnidraft.config import register_configs
-from omnidraft.models import load_model
+from omnidraft.core import kv
+from omnidraft.data.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

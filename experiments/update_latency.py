@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 
 from omnidraft import provenance
 from omnidraft.config import register_configs
-from omnidraft.models import _ensure_converted, load_model, parse_dtype
-from omnidraft.online import Example, OnlineLearner
-from omnidraft.vocab import build_bridge
+from omnidraft.data.models import _ensure_converted, load_model, parse_dtype
+from omnidraft.drafting.direct_map import build_bridge
+from omnidraft.learn.online import Example, OnlineLearner
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,15 +10,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from omnidraft.config import register_configs
-from omnidraft.decode import GenerationResult
+from omnidraft.config import CONF_DIR, register_configs
+from omnidraft.core.decode import GenerationResult
 from omnidraft.runner import Session, check_config
-
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 @dataclass

@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from omegaconf import DictConfig, ListConfig
 from tqdm.auto import tqdm
 
 from omnidraft import provenance
+from omnidraft.config import CONF_DIR
 from omnidraft.errors import OmniDraftError
 from omnidraft.loggers import JSONLLogger
 from omnidraft.profiling import ForwardTimer, peak_rss_gib, rss_gib
@@ -47,7 +47,7 @@ def check_bench(cfg: DictConfig) -> None:
         raise OmniDraftError("bench.methods is empty; list methods, e.g. bench.methods=[ar,spd_dm,omnidraft]")
     if "ar" not in b.methods:
         raise OmniDraftError("bench.methods must include ar: every speedup is a ratio against it")
-    conf = Path(__file__).resolve().parent.parent / "conf" / "method"
+    conf = Path(CONF_DIR) / "method"
     known = ", ".join(sorted(p.stem for p in conf.glob("*.yaml")))
     variants = b.get("variants") or {}
     for label, v in variants.items():
@@ -132,7 +132,7 @@ def method_config(name: str, task: str, cfg: DictConfig, base: list[str]) -> Dic
     else:  # called from Python (tests, notebooks)
         from hydra import initialize_config_dir
 
-        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"),
+        with initialize_config_dir(config_dir=CONF_DIR,
                                    version_base="1.3"):
             c = compose("config", overrides=over)
     from omnidraft.runner import check_config
@@ -192,9 +192,17 @@ def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_bench(cfg: DictConfig) -> dict[str, Any]:
     from omnidraft import state as state_io
-    from omnidraft.runner import (Session, _diff, _plain, fingerprint, resolve_dtypes, start_run, task_templates,
-                                  uses_draft_model)
-    from omnidraft.tasks import load_stream, render
+    from omnidraft.data.tasks import load_stream, render
+    from omnidraft.runner import (
+        Session,
+        _diff,
+        _plain,
+        fingerprint,
+        resolve_dtypes,
+        start_run,
+        task_templates,
+        uses_draft_model,
+    )
 
     check_bench(cfg)
     resolve_dtypes(cfg)  # each method's config resolves `auto` the same way when its models load
@@ -214,7 +222,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
     run_dir, prov = start_run(cfg, list(base) + [f"bench.{k}={v}" for k, v in _plain(b).items()])
     methods = list(b.methods)
 
-    from omnidraft.models import load_model
+    from omnidraft.data.models import load_model
 
     target = load_model(_plain(cfg.target), Path(cfg.paths.cache_dir))
     sessions, shared = {}, {}

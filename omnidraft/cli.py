@@ -12,9 +12,8 @@ fails with one line and exit code 2 before Hydra starts a run. Errors raised whi
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+from omnidraft.config import CONF_DIR
 
 
 def _first_line(e: BaseException) -> str:
@@ -62,7 +61,7 @@ def _check_run(cfg) -> None:
 
 
 def _check_distill(cfg) -> None:
-    from omnidraft.distill_runner import check_distill
+    from omnidraft.distill_command import check_distill
 
     check_distill(cfg)
 
@@ -78,7 +77,7 @@ _CHECKS = {"config": _check_run, "distill": _check_distill, "bench": _check_benc
 
 def _run(config_name: str, cfg):
     if config_name == "distill":
-        from omnidraft.distill_runner import run_distill
+        from omnidraft.distill_command import run_distill
 
         return run_distill(cfg)
     if config_name == "bench":

@@ -9,10 +9,14 @@ callables' signatures by :func:`omnidraft.instantiate.check_targets`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+# The one place that knows where the YAML lives (cli, bench, api and the tests use it).
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 @dataclass
@@ -38,7 +42,7 @@ class TinyConfig:
     """A tiny random-weight model of a real architecture paired with a real tokenizer."""
 
     arch: str = "llama"  # llama | qwen2
-    tokenizer: str = "llama-spm"  # key of omnidraft.models.VOCAB_FILES
+    tokenizer: str = "llama-spm"  # key of omnidraft.data.models.VOCAB_FILES
     hidden_size: int = 32
     num_layers: int = 2
     num_heads: int = 4
@@ -90,7 +94,7 @@ class TaskConfig:
 
 @dataclass
 class AdaptConfig:
-    """Online drafter adaptation (hybrid distillation), see omnidraft.online."""
+    """Online drafter adaptation (hybrid distillation), see omnidraft.learn.online."""
 
     enabled: bool = False
     interval: int = 8  # update every N prompts, then clear the buffer
@@ -112,7 +116,7 @@ class AdaptConfig:
 
 @dataclass
 class DraftLengthConfig:
-    """How many tokens to draft per step, see omnidraft.adaptive."""
+    """How many tokens to draft per step, see omnidraft.learn.draft_length."""
 
     policy: str = "fixed"  # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head)
     gamma: Optional[float] = None  # stop when 1 - prod P(accept) > gamma; null = the task's preset
@@ -156,7 +160,7 @@ class MethodConfig:
 
 @dataclass
 class DistillConfig:
-    """``omnidraft distill``: DistillSpec's offline distillation (see omnidraft.distillspec)."""
+    """``omnidraft distill``: DistillSpec's offline distillation (see omnidraft.learn.distillspec)."""
 
     data: str = "drafter"  # drafter (on-policy: the drafter's own responses) | target (the target's responses)
     divergence: str = "fkl"  # fkl | rkl | jsd | tvd, on directly mapped positions in target space

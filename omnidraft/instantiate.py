@@ -6,7 +6,7 @@ import importlib
 import inspect
 from typing import Any, Iterator
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
 from omnidraft.errors import OmniDraftError
 

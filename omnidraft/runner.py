@@ -21,17 +21,17 @@ from tqdm.auto import tqdm
 
 from omnidraft import provenance
 from omnidraft import state as state_io
-from omnidraft.decode import generate
+from omnidraft.core.decode import generate
+from omnidraft.data.models import LoadedModel, load_model, resolve_dtype
+from omnidraft.data.quality import score as quality_score
+from omnidraft.data.quality import summarise_quality
+from omnidraft.data.tasks import format_prompt, load_stream, render
+from omnidraft.drafting.direct_map import build_bridge, tokenizer_hash
 from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with, check_targets
+from omnidraft.learn.online import OnlineLearner, merge_lora_state
 from omnidraft.loggers import JSONLLogger, MultiLogger
-from omnidraft.metrics import drafter_row, prompt_row, summarise
-from omnidraft.models import LoadedModel, load_model, resolve_dtype
-from omnidraft.online import OnlineLearner, merge_lora_state
-from omnidraft.quality import score as quality_score
-from omnidraft.quality import summarise_quality
-from omnidraft.tasks import format_prompt, load_stream, render
-from omnidraft.vocab import build_bridge, tokenizer_hash
+from omnidraft.tables import drafter_row, prompt_row, summarise
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
 RUNTIME_ARGS = {
@@ -84,7 +84,7 @@ def _overrides(cfg: DictConfig) -> list[str]:
 
 def resolve_dtypes(cfg: DictConfig) -> None:
     """Replace ``dtype: auto`` of the target and drafter by what it means on this machine
-    (bfloat16 where native, else float32; :func:`omnidraft.models.resolve_dtype`), so the saved
+    (bfloat16 where native, else float32; :func:`omnidraft.data.models.resolve_dtype`), so the saved
     config.yaml and the resume fingerprint name the dtype that actually ran: a stream started in
     bf16 is not silently resumed in fp32 on another machine."""
     for role in ("target", "drafter"):
@@ -114,9 +114,9 @@ def check_config(cfg: DictConfig) -> None:
     if m.adapt.enabled:
         if not drafter_accepts(m, "learner"):
             raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
-                                 f"(omnidraft.drafters.NgramDrafter), not {m.drafter['_target_']}")
+                                 f"(omnidraft.drafting.model_drafters.NgramDrafter), not {m.drafter['_target_']}")
     a = m.adapt
-    from omnidraft.online import DTYPES, LOSSES, POSITIONS
+    from omnidraft.learn.online import DTYPES, LOSSES, POSITIONS
 
     if a.loss not in LOSSES:
         raise OmniDraftError(f"method.adapt.loss={a.loss!r}: use one of {', '.join(LOSSES)}")
@@ -147,7 +147,7 @@ def check_config(cfg: DictConfig) -> None:
         raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
     dr = m.get("drafter") or {}
     if "eviction" in dr or "capacity" in dr:  # the cache's own rule, checked before any model loads
-        from omnidraft.ngram_cache import NgramCache
+        from omnidraft.drafting.ngram_cache import NgramCache
 
         try:
             NgramCache(capacity=dr.get("capacity"), eviction=dr.get("eviction", "lru"))
@@ -274,7 +274,7 @@ class Session:
         self.hf = None
         m = cfg.method
         if m.engine == "hf_assisted":
-            from omnidraft.hf_assisted import HFAssisted
+            from omnidraft.drafting.hf_assisted import HFAssisted
 
             hf = _plain(m.hf)
             if hf.pop("assistant"):
@@ -348,7 +348,8 @@ class Session:
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
 
     def _build_length_policy(self, init: state_io.SavedState | None = None) -> None:
-        from omnidraft.adaptive import AcceptanceHead, HeadLearner, HeadPolicy, HeuristicK
+        from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
+        from omnidraft.learn.draft_length import HeadPolicy, HeuristicK
 
         dl, m = self.cfg.method.draft_length, self.cfg.method
         if dl.policy == "fixed":
@@ -378,7 +379,7 @@ class Session:
 
     def _gamma(self, task: str) -> float:
         """The head's stop threshold: gamma_infer (a frozen head), gamma, or the task's preset."""
-        from omnidraft.adaptive import GAMMA_PRESETS
+        from omnidraft.learn.draft_length import GAMMA_PRESETS
 
         dl = self.cfg.method.draft_length
         if not dl.head_learn and dl.gamma_infer is not None:

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnidraft.models import build_tiny, fixed_init
-from omnidraft.registry import default_cache_dir
-from omnidraft.vocab import build_bridge
-
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+from omnidraft.config import CONF_DIR  # noqa: E402,F401  (tests import it from here)
+from omnidraft.data.artifacts import default_cache_dir
+from omnidraft.data.models import build_tiny, fixed_init
+from omnidraft.drafting.direct_map import build_bridge
 
 TINY = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
             max_position_embeddings=2048, init_std=0.5)
@@ -95,7 +94,7 @@ def llama3_tiny(cache_dir):
 
 @pytest.fixture(scope="session")
 def llama2_tok(cache_dir):
-    from omnidraft.models import load_vocab_tokenizer
+    from omnidraft.data.models import load_vocab_tokenizer
 
     return load_vocab_tokenizer("llama-spm", cache_dir)
 

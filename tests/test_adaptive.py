@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
-
-from omnidraft.adaptive import AcceptanceHead, HeadLearner, HeadPolicy, HeuristicK
-from omnidraft.decode import generate
-from omnidraft.drafters import NgramDrafter
-
 from conftest import PROMPTS
+
+from omnidraft.core.decode import generate
+from omnidraft.drafting.model_drafters import NgramDrafter
+from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
+from omnidraft.learn.draft_length import HeadPolicy, HeuristicK
 
 
 def _constant_head(hidden: int, p: float) -> AcceptanceHead:
@@ -223,7 +223,7 @@ def test_a_trained_head_serves_the_next_stream_frozen_with_its_own_gamma(tmp_pat
 
 @pytest.mark.parametrize("kind", ["spd_dm", "omnidraft"])
 def test_warm_up_leaves_the_draft_length_state_as_it_was(pair_llama2_qwen, kind):
-    from omnidraft.drafters import DirectMapDrafter
+    from omnidraft.drafting.model_drafters import DirectMapDrafter
 
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     cls = DirectMapDrafter if kind == "spd_dm" else NgramDrafter
@@ -270,7 +270,7 @@ class _HiddenSpy(HeadLearner):
 def _joint_setup(pair, lr=1e-2):
     from conftest import aligned_drafter
 
-    from omnidraft.online import OnlineLearner
+    from omnidraft.learn.online import OnlineLearner
 
     target, ttok, _, dtok, bridge = pair
     drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)  # own copy: it trains

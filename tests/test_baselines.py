@@ -7,16 +7,16 @@ import json
 
 import pytest
 import torch
+from conftest import CONF_DIR, PROMPTS, aligned_drafter, eos_of
 from hydra import compose, initialize_config_dir
 
 from omnidraft.config import register_configs
-from omnidraft.decode import generate
-from omnidraft.drafters import NgramDrafter, PromptLookupDrafter
-from omnidraft.hf_assisted import HFAssisted
-from omnidraft.ngram_cache import Merged
-from omnidraft.online import OnlineLearner
-
-from conftest import CONF_DIR, PROMPTS, aligned_drafter, eos_of
+from omnidraft.core.decode import generate
+from omnidraft.drafting.hf_assisted import HFAssisted
+from omnidraft.drafting.model_drafters import NgramDrafter
+from omnidraft.drafting.ngram_cache import Merged
+from omnidraft.drafting.prompt_lookup import PromptLookupDrafter
+from omnidraft.learn.online import OnlineLearner
 
 N_NEW = 20
 
@@ -46,7 +46,7 @@ def test_uag_greedy_equals_ar_and_counts_steps(pair_llama2_qwen, settings):
 
 
 def test_uag_same_tokenizer_uses_plain_assisted_generation(qwen_tiny, cache_dir):
-    from omnidraft.vocab import build_bridge
+    from omnidraft.drafting.direct_map import build_bridge
 
     target, ttok = qwen_tiny
     drafter = aligned_drafter(target, build_bridge(ttok, ttok, cache_dir), target.config.vocab_size, noise=0.05)
@@ -149,8 +149,8 @@ def test_osd_greedy_stays_lossless_and_learns(pair_llama2_qwen):
 
 
 def test_aligned_positions_with_real_tokenizers(pair_llama2_qwen):
-    from omnidraft.distillspec import aligned_positions
-    from omnidraft.vocab import Retokenizer
+    from omnidraft.drafting.direct_map import Retokenizer
+    from omnidraft.learn.distillspec import aligned_positions
 
     _, ttok, _, dtok, bridge = pair_llama2_qwen
     text = " stamps and 12 apples"
@@ -171,7 +171,7 @@ def test_aligned_positions_with_real_tokenizers(pair_llama2_qwen):
 @pytest.mark.parametrize("data", ["drafter", "target"])
 def test_distill_then_serve_distillspec(tmp_path, data):
     from omnidraft import state as state_io
-    from omnidraft.distill_runner import run_distill
+    from omnidraft.distill_command import run_distill
     from omnidraft.runner import Session
 
     s = run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=2", "task.limit=3",
@@ -190,7 +190,7 @@ def test_distill_then_serve_distillspec(tmp_path, data):
 
 def test_distill_data_build_resumes(tmp_path):
     """An interrupted data build continues from the examples already saved, with the same result."""
-    from omnidraft.distill_runner import run_distill
+    from omnidraft.distill_command import run_distill
 
     over = [f"run_dir={tmp_path}", "task.offset=2", "task.limit=3", "distill.max_new_tokens=12", "progress=false"]
     a = run_distill(_cfg("distill", *over))
@@ -204,7 +204,7 @@ def test_distill_data_build_resumes(tmp_path):
 
 
 def test_distillspec_without_a_checkpoint_or_on_its_training_prompts_is_refused(tmp_path):
-    from omnidraft.distill_runner import run_distill
+    from omnidraft.distill_command import run_distill
     from omnidraft.errors import OmniDraftError
     from omnidraft.runner import check_config
 
@@ -221,7 +221,7 @@ def test_distillspec_without_a_checkpoint_or_on_its_training_prompts_is_refused(
 
 def test_bench_runs_every_method_in_one_process(tmp_path):
     from omnidraft.bench import KEYS, run_bench
-    from omnidraft.distill_runner import run_distill
+    from omnidraft.distill_command import run_distill
 
     run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=2", "task.limit=2",
                      "distill.max_new_tokens=8", "progress=false"))
@@ -252,9 +252,9 @@ def test_bench_runs_every_method_in_one_process(tmp_path):
 
 def test_bench_task_overrides_pick_each_tasks_prompts(tmp_path):
     from omnidraft.bench import run_bench
+    from omnidraft.data.tasks import load_stream
     from omnidraft.errors import OmniDraftError
     from omnidraft.runner import _plain
-    from omnidraft.tasks import load_stream
 
     over = ("overrides=['debug=tiny']", f"run_dir={tmp_path / 'run'}", f"bench.out_dir={tmp_path / 'out'}",
             "bench.name=t", "bench.tasks=[synthetic]", "bench.limit=2", "decode.max_new_tokens=4",
@@ -353,7 +353,7 @@ def test_bench_resumes_from_its_checkpoint_like_an_uninterrupted_bench(tmp_path,
     """Includes a method served from drafter.init_state (distillspec), and resume=true given as the
     command line gives it (among the overrides the methods' configs are composed from)."""
     import omnidraft.bench as bench
-    from omnidraft.distill_runner import run_distill
+    from omnidraft.distill_command import run_distill
     from omnidraft.errors import OmniDraftError
 
     run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=6", "task.limit=2",

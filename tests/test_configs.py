@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import CONF_DIR
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
@@ -12,8 +13,6 @@ from omegaconf.errors import ValidationError
 from omnidraft.config import register_configs
 from omnidraft.instantiate import iter_targets
 from omnidraft.runner import check_config
-
-from conftest import CONF_DIR
 
 GROUPS = ["target", "drafter", "task", "method", "logger", "paths", "debug", "experiment", "ablation", "pair"]
 
@@ -66,7 +65,7 @@ def test_misspelled_target_kwarg_is_caught():
 @pytest.mark.parametrize("name", ["distill", "bench"])
 def test_subcommand_configs_compose_and_check(name):
     from omnidraft.bench import check_bench
-    from omnidraft.distill_runner import check_distill
+    from omnidraft.distill_command import check_distill
 
     register_configs()
     over = ["run_dir=unused"]
@@ -90,7 +89,7 @@ def test_subcommand_configs_compose_and_check(name):
     (set(), "float32"),
 ])
 def test_auto_dtype_is_bf16_only_where_native(flags, expected):
-    from omnidraft.models import parse_dtype, resolve_dtype
+    from omnidraft.data.models import parse_dtype, resolve_dtype
 
     assert resolve_dtype("auto", "cpu", flags) == expected
     assert resolve_dtype("float16", "cpu", flags) == "float16"  # explicit names pass through
@@ -98,8 +97,8 @@ def test_auto_dtype_is_bf16_only_where_native(flags, expected):
 
 
 def test_bad_dtype_is_one_clear_error():
+    from omnidraft.data.models import parse_dtype
     from omnidraft.errors import OmniDraftError
-    from omnidraft.models import parse_dtype
 
     with pytest.raises(OmniDraftError, match="'bf17'.*auto"):
         parse_dtype("bf17")
@@ -108,7 +107,7 @@ def test_bad_dtype_is_one_clear_error():
 def test_resolve_dtypes_names_what_runs_here():
     """`auto` becomes this machine's concrete dtype before config.yaml and the resume fingerprint
     are written; an explicit dtype is kept."""
-    from omnidraft.models import native_bf16
+    from omnidraft.data.models import native_bf16
     from omnidraft.runner import resolve_dtypes
 
     cfg = _compose(["target=qwen25_coder_15b", "drafter=smollm2_135m", "drafter.dtype=float16"])

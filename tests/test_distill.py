@@ -6,7 +6,15 @@ import math
 
 import torch
 
-from omnidraft.distill import forward_kl, hybrid_loss, jsd, lifted_log_probs, ngram_nll, reverse_kl, tvd
+from omnidraft.learn.losses import (
+    forward_kl,
+    hybrid_loss,
+    jsd,
+    lifted_log_probs,
+    ngram_nll,
+    reverse_kl,
+    tvd,
+)
 
 P = torch.tensor([[0.5, 0.3, 0.2]])
 Q = torch.tensor([[0.2, 0.2, 0.6]])
@@ -45,7 +53,7 @@ def test_hybrid_loss_and_nll():
 
 def test_distillspec_divergences_by_name_on_a_three_token_example():
     """DIVERGENCES[name](log p, log q, beta): p the target, q the drafter (hand-computed)."""
-    from omnidraft.distill import DIVERGENCES
+    from omnidraft.learn.losses import DIVERGENCES
 
     lp, lq = P.log(), Q.log()
     p, q = P[0].tolist(), Q[0].tolist()

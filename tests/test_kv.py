@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from omnidraft import kv
+from omnidraft.core import kv
 
 
 def test_crop_then_refeed_equals_fresh_forward(qwen_tiny):

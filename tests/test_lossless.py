@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from omnidraft.decode import generate
-from omnidraft.drafters import DirectMapDrafter, SameVocabDrafter
-
 from conftest import PROMPTS, aligned_drafter, eos_of
+
+from omnidraft.core.decode import generate
+from omnidraft.drafting.model_drafters import DirectMapDrafter, SameVocabDrafter
 
 N_NEW = 24
 
@@ -47,7 +46,7 @@ def _check(target, ttok, make_drafter, k):
 def test_same_vocab_sd_is_lossless(qwen_tiny, k):
     target, ttok = qwen_tiny
     # A drafter that is the target plus noise: agrees often, not always.
-    from omnidraft.vocab import build_bridge
+    from omnidraft.drafting.direct_map import build_bridge
 
     bridge = build_bridge(ttok, ttok)
     drafter = aligned_drafter(target, bridge, target.config.vocab_size, noise=0.3)
@@ -100,7 +99,7 @@ def test_sampling_seed_reproduces(pair_llama2_qwen):
 def test_same_vocab_sd_with_differently_padded_vocabularies(qwen_tiny):
     """One tokenizer, embedding matrices of different sizes: the drafter never proposes an id the
     target's logits lack, greedy stays lossless, and sampling runs in the target's vocabulary."""
-    from omnidraft.vocab import build_bridge
+    from omnidraft.drafting.direct_map import build_bridge
 
     target, ttok = qwen_tiny
     v_t = target.config.vocab_size

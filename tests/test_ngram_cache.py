@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from omnidraft.ngram_cache import NgramCache, alignments
-from omnidraft.vocab import build_bridge
+from omnidraft.drafting.direct_map import build_bridge
+from omnidraft.drafting.ngram_cache import NgramCache, alignments
 
 
 def _ids(tok, pieces):
@@ -78,10 +78,10 @@ def test_state_round_trip():
 def test_ngram_drafter_is_lossless_and_learns(pair_llama2_qwen, k):
     """Greedy output stays identical to ar with the cache on; the cache fills from accepted text
     and every entry spells its target token exactly."""
-    from omnidraft.decode import generate
-    from omnidraft.drafters import NgramDrafter
-
     from conftest import PROMPTS
+
+    from omnidraft.core.decode import generate
+    from omnidraft.drafting.model_drafters import NgramDrafter
 
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
@@ -98,10 +98,10 @@ def test_ngram_drafter_is_lossless_and_learns(pair_llama2_qwen, k):
 def test_accepted_ngram_proposals_keep_greedy_output_identical(pair_llama2_qwen):
     """The merge path itself under greedy verification: entries planted so that the drafter's own
     first two drafts merge into the target's greedy next token, which the target then accepts."""
-    from omnidraft.decode import generate
-    from omnidraft.drafters import NgramDrafter
-
     from conftest import PROMPTS
+
+    from omnidraft.core.decode import generate
+    from omnidraft.drafting.model_drafters import NgramDrafter
 
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learn=False)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from omnidraft.decode import generate
-from omnidraft.drafters import NgramDrafter
-from omnidraft.errors import OmniDraftError
-from omnidraft.verify import lift_to_target
-
 from conftest import PROMPTS
+
+from omnidraft.core.decode import generate
+from omnidraft.core.verify import lift_to_target
+from omnidraft.drafting.model_drafters import NgramDrafter
+from omnidraft.errors import OmniDraftError
 
 TEMP = 0.3
 SHARP = 0.05  # the tiny drafter is flat: a low temperature makes samples revisit planted n-grams

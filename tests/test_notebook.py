@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from test_runner import _cfg
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "results_overview.ipynb"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from omnidraft.decode import generate
-from omnidraft.drafters import NgramDrafter
-from omnidraft.online import OnlineLearner
-
 from conftest import PROMPTS, aligned_drafter
+
+from omnidraft.core.decode import generate
+from omnidraft.drafting.model_drafters import NgramDrafter
+from omnidraft.learn.online import OnlineLearner
 
 
 def _setup(pair_llama2_qwen, loss="kl_nll"):
@@ -99,7 +98,7 @@ def test_lora_update_trains_only_adapters_and_serves_them_merged(pair_llama2_qwe
 def test_lora_init_is_seeded():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from omnidraft.online import with_lora
+    from omnidraft.learn.online import with_lora
 
     cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=2)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import CONF_DIR
 from hydra import compose, initialize_config_dir
 
 from omnidraft.config import register_configs
 from omnidraft.runner import run
-
-from conftest import CONF_DIR
 
 
 @pytest.mark.real_model

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
+from conftest import CONF_DIR
 from hydra import compose, initialize_config_dir
 
 from omnidraft.config import register_configs
 from omnidraft.runner import run
-
-from conftest import CONF_DIR
 
 
 def _cfg(tmp_path, *over):
@@ -172,7 +171,7 @@ def test_init_state_serves_an_adapted_drafter(tmp_path):
     import torch
 
     from omnidraft import state as state_io
-    from omnidraft.online import with_lora
+    from omnidraft.learn.online import with_lora
     from omnidraft.runner import Session
 
     for name, extra in (("full", ()), ("lora", ("method.adapt.lora_rank=4",))):
@@ -230,7 +229,7 @@ def test_python_api_trains_the_acceptance_head_too():
 
 
 def test_summary_windows_never_overlap():
-    from omnidraft.metrics import summarise
+    from omnidraft.tables import summarise
 
     rows = [{"sd/proposed": 10, "sd/accepted": a, "sd/steps": 5, "sd/new_tokens": 8, "sd/wall_s": 1.0,
              "sd/draft_s": 0.1, "sd/target_s": 0.8} for a in (1, 2, 3, 7, 8, 9)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from omnidraft.verify import lift_to_target, sample_verify
+from omnidraft.core.verify import lift_to_target, sample_verify
 
 N = 20000
 P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
@@ -91,7 +91,7 @@ def test_spd_dm_sampling_matches_target():
 
 
 def test_greedy_verify_prefix_correction_and_bonus():
-    from omnidraft.verify import greedy_verify
+    from omnidraft.core.verify import greedy_verify
 
     logits = torch.full((4, 10), -1.0)
     for row, tok in enumerate([3, 5, 7, 9]):

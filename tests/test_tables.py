@@ -74,7 +74,7 @@ def test_blocks_sum_over_the_block_and_time_only_prompts_that_ran_ar(mt, tmp_pat
 
 def test_table_lists_every_run_and_marks_missing_ones(mt, tmp_path):
     rows = [_row(i, 7, 10, 2, 8, 2.0, ar_wall=4.0, draft_len=5.0) for i in range(4)]
-    from omnidraft.metrics import summarise
+    from omnidraft.tables import summarise
 
     _write(tmp_path, "adaptive", "sv_fixed", rows, {"status": "ok", **summarise(rows, True, 50)})
     _write(tmp_path, "adaptive", "sv_joint", rows)  # rows only: a stream still running

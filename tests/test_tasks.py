@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from omnidraft.data.artifacts import default_cache_dir
+from omnidraft.data.tasks import load_stream, load_task, render
 from omnidraft.errors import OmniDraftError
-from omnidraft.registry import default_cache_dir
-from omnidraft.tasks import load_stream, load_task, render
 
 CACHE = default_cache_dir()
 
@@ -62,7 +62,7 @@ def test_mix_switch_and_templates():
     ("import subprocess\nsubprocess.run(['ls'])", "failed"),
 ])
 def test_sandbox_contains_bad_code(code, status):
-    from omnidraft.sandbox import run_program
+    from omnidraft.data.sandbox import run_program
 
     t0 = time.perf_counter()
     res = run_program(code, timeout=3, memory_mb=512)
@@ -72,7 +72,7 @@ def test_sandbox_contains_bad_code(code, status):
 
 
 def test_quality_metrics():
-    from omnidraft.quality import exact_match, final_number, score
+    from omnidraft.data.quality import exact_match, final_number, score
 
     assert final_number("so she makes 9 * 2 = $18.\n#### 18") == 18
     assert final_number("The answer is 1,234.5 dollars") == 1234.5

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from omnidraft.drafters import DirectMapDrafter
-from omnidraft.vocab import Retokenizer, build_bridge, token_bytes_table, tokenizer_kind
+from omnidraft.drafting.direct_map import (
+    Retokenizer,
+    build_bridge,
+    token_bytes_table,
+    tokenizer_kind,
+)
+from omnidraft.drafting.model_drafters import DirectMapDrafter
 
 
 def _id(tok, piece):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnidraft.decode import GenerationResult
+from omnidraft.core.decode import GenerationResult
 
 
 def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from omnidraft.data.artifacts import Member, assemble
 from omnidraft.errors import OmniDraftError
-from omnidraft.registry import Member, assemble
 
 
 @dataclass

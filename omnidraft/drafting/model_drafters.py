@@ -1,10 +1,12 @@
-"""Drafting strategies behind the :class:`omnidraft.decode.Drafter` interface.
+"""Drafting strategies behind the :class:`omnidraft.core.decode.Drafter` interface.
 
 - :class:`SameVocabDrafter`: a small LM sharing the target's tokenizer (standard SD).
 - :class:`DirectMapDrafter`: a small LM with its own tokenizer, drafting only tokens that map
   directly into the target vocabulary (SpD_DM / TLI). Its context is kept in sync with the
   target's accepted text by re-tokenising only the changed suffix.
 - :class:`NgramDrafter`: DirectMapDrafter + the online n-gram cache (greedy for now).
+
+Prompt lookup (model-free) is in :mod:`omnidraft.drafting.prompt_lookup`.
 
 Both keep their own KV cache and crop it to the longest common prefix with the new context.
 """
@@ -16,13 +18,13 @@ from contextlib import contextmanager
 
 import torch
 
-from omnidraft import kv
-from omnidraft.adaptive import FixedK
-from omnidraft.decode import Proposal
+from omnidraft.core import kv
+from omnidraft.core.decode import Proposal
+from omnidraft.core.verify import lift_to_target, probs
+from omnidraft.drafting.direct_map import Retokenizer, VocabBridge
+from omnidraft.drafting.ngram_cache import NgramCache, alignments
 from omnidraft.errors import OmniDraftError
-from omnidraft.ngram_cache import NgramCache, alignments
-from omnidraft.verify import lift_to_target, probs
-from omnidraft.vocab import Retokenizer, VocabBridge
+from omnidraft.learn.draft_length import FixedK
 
 
 def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
@@ -44,7 +46,7 @@ class _ModelDrafter:
         self.cached: list[int] = []  # tokens whose keys/values are in self.cache
         self.cache = None
         self._mask_add = None
-        self.policy = FixedK()  # draft-length policy (omnidraft.adaptive)
+        self.policy = FixedK()  # draft-length policy (omnidraft.learn.draft_length)
         self.head_learner = None  # trains the acceptance head from verification results
         self.last_drafts: list[int] = []
         self._hidden: list[torch.Tensor] = []
@@ -296,7 +298,7 @@ class NgramDrafter(DirectMapDrafter):
             raise OmniDraftError(f"verify={verify!r}: use 'lossless' (greedy, exact) or 'paper' (OmniDraft's q' rule)")
         self.ngram = ngram if ngram is not None else NgramCache(capacity=capacity, eviction=eviction)
         self.learn = learn
-        self.learner = learner  # an omnidraft.online.OnlineLearner, or None for a frozen drafter
+        self.learner = learner  # an omnidraft.learn.online.OnlineLearner, or None for a frozen drafter
         self.verify = verify
         self._last = None
         self._base_mask = self._mask_add.clone()
@@ -399,57 +401,3 @@ class NgramDrafter(DirectMapDrafter):
                 evicted |= len(self.ngram) == n_before
         if evicted:
             self._refresh_mask()  # an evicted entry's sub-tokens may no longer be allowed
-
-
-class PromptLookupDrafter:
-    """Prompt-lookup decoding (PLD): model-free drafting in target ids.
-
-    The last ``n`` tokens of the context (prompt + output so far), for n = max_ngram down to
-    min_ngram, are searched for in the earlier context; the tokens that followed the most recent
-    earlier occurrence are proposed (up to k). The rule of transformers'
-    ``PromptLookupCandidateGenerator`` (``max_matching_ngram_size``, default 2) except that the most
-    recent occurrence wins (transformers takes the earliest); it runs in this loop so it shares the
-    timing and token counting of every other method. Proposals are deterministic, so
-    under sampling q is one-hot and standard speculative sampling stays exact.
-    """
-
-    def __init__(self, target_vocab_size: int, target_eos: set[int] = frozenset(), max_ngram: int = 2,
-                 min_ngram: int = 1):
-        if not 1 <= int(min_ngram) <= int(max_ngram):
-            raise OmniDraftError(f"prompt lookup: need 1 <= min_ngram <= max_ngram, got {min_ngram}..{max_ngram}")
-        self.v_t = int(target_vocab_size)
-        self.target_eos = set(target_eos)
-        self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
-        self.ids: list[int] = []
-        self.drafted_total = 0
-        self.hits = 0
-
-    def start(self, prompt_ids: list[int]) -> None:
-        self.ids = list(prompt_ids)
-
-    def _lookup(self, k: int) -> list[int]:
-        ids, n_ctx = self.ids, len(self.ids)
-        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
-            tail = ids[n_ctx - n:]
-            for s in range(n_ctx - n - 1, -1, -1):  # most recent earlier occurrence first
-                if ids[s: s + n] == tail:
-                    out = ids[s + n: s + n + k]
-                    stop = next((i for i, t in enumerate(out) if t in self.target_eos), None)
-                    return out if stop is None else out[: stop + 1]
-        return []
-
-    def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
-        ids = self._lookup(k) if k > 0 else []
-        self.drafted_total += len(ids)
-        self.hits += bool(ids)
-        q = None
-        if temperature > 0 and ids:
-            q = torch.zeros(len(ids), self.v_t)
-            q[torch.arange(len(ids)), torch.tensor(ids)] = 1.0
-        return Proposal(ids, q)
-
-    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
-        self.ids.extend(new_ids)
-
-    def stats(self) -> dict[str, float]:
-        return {"draft/tokens": self.drafted_total}

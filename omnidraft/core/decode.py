@@ -13,8 +13,8 @@ from typing import Protocol
 
 import torch
 
-from omnidraft import kv
-from omnidraft.verify import greedy_verify, probs, sample_verify
+from omnidraft.core import kv
+from omnidraft.core.verify import greedy_verify, probs, sample_verify
 
 
 @dataclass

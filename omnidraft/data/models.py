@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 import torch
 
+from omnidraft.data.artifacts import Member, assemble
 from omnidraft.errors import OmniDraftError
-from omnidraft.registry import Member, assemble
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64}

@@ -1,6 +1,6 @@
 """``run_distill(cfg) -> dict``: DistillSpec's offline distillation, the runner of ``omnidraft distill``.
 
-Builds one training example per prompt of the configured task split (see omnidraft.distillspec),
+Builds one training example per prompt of the configured task split (see omnidraft.learn.distillspec),
 saved as it goes under ``run_dir/data/`` (``resume=true`` continues an interrupted data build),
 trains the drafter with the chosen divergence for ``distill.epochs`` passes, and saves the
 weights as an online state that ``method=distillspec drafter.init_state=<run_dir>/state`` loads.
@@ -24,15 +24,21 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
-from omnidraft.distill import DIVERGENCES
-from omnidraft.distillspec import DATA, make_example
+from omnidraft.data.models import load_model
+from omnidraft.data.tasks import format_prompt, load_stream, render
+from omnidraft.drafting.direct_map import build_bridge
 from omnidraft.errors import OmniDraftError
+from omnidraft.learn.distillspec import DATA, make_example
+from omnidraft.learn.losses import DIVERGENCES
+from omnidraft.learn.online import Example, OnlineLearner
 from omnidraft.loggers import JSONLLogger
-from omnidraft.models import load_model
-from omnidraft.online import Example, OnlineLearner
-from omnidraft.runner import _overrides, _plain, resolve_dtypes, start_run, task_templates
-from omnidraft.tasks import format_prompt, load_stream, render
-from omnidraft.vocab import build_bridge
+from omnidraft.runner import (
+    _overrides,
+    _plain,
+    resolve_dtypes,
+    start_run,
+    task_templates,
+)
 
 
 def check_distill(cfg: DictConfig) -> None:
@@ -45,7 +51,7 @@ def check_distill(cfg: DictConfig) -> None:
         raise OmniDraftError(f"distill.epochs={d.epochs} must be >= 1")
     if cfg.drafter is None:
         raise OmniDraftError("omnidraft distill needs a drafter model; pass drafter=<name>")
-    from omnidraft.online import DTYPES
+    from omnidraft.learn.online import DTYPES
 
     if d.train_dtype not in DTYPES:
         raise OmniDraftError(f"distill.train_dtype={d.train_dtype!r}: use one of {', '.join(DTYPES)}")

@@ -1,27 +1,21 @@
-"""Draft-length policies behind one interface, and the online acceptance-prediction head.
+"""The online acceptance-prediction head (SpecDec++, after METHOD.md section 3) and its learner.
 
-- :class:`FixedK`: always k drafter tokens (the default everywhere).
-- :class:`HeuristicK`: transformers' assisted-generation schedule: the draft length grows by 2
-  after a step whose proposals were all accepted and shrinks by 1 otherwise (>= 1).
-- :class:`HeadPolicy`: SpecDec++ (after METHOD.md section 3): a small head on the drafter's hidden
-  state predicts P(accept_i | all before accepted); drafting stops after the token at which
-  1 - prod_j P_j exceeds gamma (that token is kept), within k_min..k_max.
+:class:`AcceptanceHead` maps the drafter's last hidden state at a drafted token to the logit of
+P(accept | everything before accepted); :class:`omnidraft.learn.draft_length.HeadPolicy` stops
+drafting on it. :class:`HeadLearner` trains it online from each step's verification.
 
-Cross-vocabulary (beyond the paper): the head runs per DRAFTER token, so the stop rule acts on
-drafter tokens; a merged n-gram's acceptance prediction is the PRODUCT of its sub-tokens'
-predictions (the same product rule as its draft probability), which is also what the head is
-trained against (one BCE term per merged proposal on that product). Stopping inside an n-gram
-leaves a partial spelling, which the merge pass treats like any other draft (truncates there unless
-the first sub-token is directly mapped).
+Cross-vocabulary (beyond the paper): the head runs per DRAFTER token; a merged n-gram's acceptance
+prediction is the PRODUCT of its sub-tokens' predictions (the same product rule as its draft
+probability), which is also what the head is trained against (one BCE term per merged proposal on
+that product).
 
-Training (:class:`HeadLearner`): soft labels min(1, p(y_i) / q(y_i)) from the verification pass
-already computed, for proposals up to and including the first rejection. ``label='verify'``
-(default) takes p and q at the verification temperature, so under greedy verification the label is
-the T -> 0 limit of that ratio: 1 when y_i is the target's argmax (accepted), else 0;
-``label='t1'`` takes them at T=1 whatever the verification does. Weighted BCE with the
-mismatch (label 0) term weighted ``mismatch_weight`` (SpecDec++: ~6). ``joint``: one update per
-distillation interval on the examples collected since; ``interleaved``: an update every
-``every`` prompts on a FIFO replay buffer of bounded size.
+Training: soft labels min(1, p(y_i) / q(y_i)) from the verification pass already computed, for
+proposals up to and including the first rejection. ``label='verify'`` (default) takes p and q at the
+verification temperature, so under greedy verification the label is the T -> 0 limit of that ratio:
+1 when y_i is the target's argmax (accepted), else 0; ``label='t1'`` takes them at T=1 whatever the
+verification does. Weighted BCE with the mismatch (label 0) term weighted ``mismatch_weight``
+(SpecDec++: ~6). ``joint``: one update per distillation interval on the examples collected since;
+``interleaved``: an update every ``every`` prompts on a FIFO replay buffer of bounded size.
 """
 
 from __future__ import annotations
@@ -33,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
-
-
-# The paper's gamma per task (SpecDec++ settings); others default to 0.7.
-GAMMA_PRESETS = {"alpaca": 0.3, "alpaca_sample": 0.3, "xsum": 0.3, "gsm8k": 0.7, "mbpp": 0.7, "humaneval": 0.7,
-                 "mbpp_humaneval": 0.7}
+from omnidraft.state import (
+    load_optimizer_state,
+    optimizer_state,
+    rng_state,
+    set_rng_state,
+)
 
 
 class AcceptanceHead(nn.Module):
@@ -61,82 +55,12 @@ class AcceptanceHead(nn.Module):
         return self.out(x).squeeze(-1)
 
 
-class FixedK:
-    """Always the step's budget (k)."""
-
-    needs_hidden = False
-
-    def max_len(self, budget: int) -> int:
-        return budget
-
-    def begin(self) -> None:
-        pass
-
-    def keep_going(self, hidden: torch.Tensor | None) -> bool:
-        return True
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, d: dict) -> None:
-        pass
-
-
-class HeuristicK(FixedK):
-    """transformers' schedule for assisted generation: +2 after full acceptance, -1 otherwise."""
-
-    def __init__(self, k_start: int = 5, k_min: int = 1, k_max: int = 16):
-        self.k, self.k_min, self.k_max = int(k_start), int(k_min), int(k_max)
-
-    def max_len(self, budget: int) -> int:
-        return min(budget, self.k)
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        if proposed == 0:
-            return
-        self.k = min(self.k_max, self.k + 2) if accepted == proposed else max(self.k_min, self.k - 1)
-
-    def state_dict(self) -> dict:
-        return {"k": self.k}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.k = int(d.get("k", self.k))
-
-
-class HeadPolicy(FixedK):
-    """Stop when 1 - prod P(accept) > gamma (the token that crosses is kept), k_min..k_max."""
-
-    needs_hidden = True
-
-    def __init__(self, head: AcceptanceHead, gamma: float = 0.7, k_min: int = 1, k_max: int = 16):
-        self.head, self.gamma, self.k_min, self.k_max = head, float(gamma), int(k_min), int(k_max)
-        self.preds: list[float] = []  # P(accept) of each token drafted this step
-
-    def max_len(self, budget: int) -> int:
-        return min(budget, self.k_max)
-
-    def begin(self) -> None:
-        self.preds = []
-
-    @torch.no_grad()
-    def keep_going(self, hidden: torch.Tensor | None) -> bool:
-        p = float(torch.sigmoid(self.head(hidden.reshape(1, -1)))[0])
-        self.preds.append(p)
-        prod = 1.0
-        for x in self.preds:
-            prod *= x
-        return not (len(self.preds) >= self.k_min and 1.0 - prod > self.gamma)
-
-
 class HeadLearner:
     """Online training of an :class:`AcceptanceHead` from verification results.
 
     Args:
         mode: 'joint' (trained in the distillation update: with an online learner attached,
-            :meth:`omnidraft.online.OnlineLearner.attach_head`, each of its mini-batches minimises
+            :meth:`omnidraft.learn.online.OnlineLearner.attach_head`, each of its mini-batches minimises
             L_distill + L_head on the training copy's hidden states, the head's gradient reaching
             the drafter too; without one, the head alone updates at the distillation interval on
             what was collected since) or 'interleaved' (update every ``every`` prompts from a FIFO

@@ -1,7 +1,7 @@
 """Task quality metrics, per prompt (one turn's output), named ``quality/*``.
 
 GSM8K exact match of the final number; HumanEval / MBPP pass@1 by running the code against the
-tests in :mod:`omnidraft.sandbox` (only when the run opts in); XSum ROUGE-1/2/L F1 (rouge-score);
+tests in :mod:`omnidraft.data.sandbox` (only when the run opts in); XSum ROUGE-1/2/L F1 (rouge-score);
 MT-Bench and Alpaca: output length in tokens. Equality with the ``ar`` output is reported for every
 task by the runner (``lossless/match``).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from omnidraft.tasks import Record
+from omnidraft.data.tasks import Record
 
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _FENCE = re.compile(r"```(?:[Pp]ython3?|py)?[^\n]*\n(.*?)(?:```|$)", re.S)
@@ -91,7 +91,7 @@ def score(record: Record, turn: int, output: str, n_tokens: int, *, execute_code
     elif task in ("humaneval", "mbpp"):
         out["quality/executed"] = bool(execute_code)
         if execute_code:
-            from omnidraft.sandbox import run_program
+            from omnidraft.data.sandbox import run_program
 
             prog = humaneval_program(output, record.metadata) if task == "humaneval" else mbpp_program(output, record.metadata)
             res = run_program(prog, timeout=timeout, memory_mb=memory_mb)

@@ -7,18 +7,18 @@ response is tokenised on both sides and aligned byte for byte: a drafter token t
 one target token at the same offset, and maps to it through the direct map, is a training position
 whose teacher distribution is that target row (renormalised over the target tokens the drafter can
 reach). Positions where the tokenisations disagree are skipped. Each prompt becomes one
-:class:`omnidraft.online.Example` (context = drafter prompt, drafts = drafter response), trained
-by :class:`omnidraft.online.OnlineLearner` with a divergence loss (fkl, rkl, jsd, tvd).
+:class:`omnidraft.learn.online.Example` (context = drafter prompt, drafts = drafter response), trained
+by :class:`omnidraft.learn.online.OnlineLearner` with a divergence loss (fkl, rkl, jsd, tvd).
 """
 
 from __future__ import annotations
 
 import torch
 
-from omnidraft import kv
-from omnidraft.decode import generate
-from omnidraft.online import Example
-from omnidraft.vocab import Retokenizer, VocabBridge
+from omnidraft.core import kv
+from omnidraft.core.decode import generate
+from omnidraft.drafting.direct_map import Retokenizer, VocabBridge
+from omnidraft.learn.online import Example
 
 DATA = ("drafter", "target")
 

@@ -23,11 +23,22 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from omnidraft import kv
-from omnidraft.distill import DIVERGENCES, hybrid_loss, lifted_log_probs, ngram_nll, reverse_kl
-from omnidraft.ngram_cache import Merged
-from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
-from omnidraft.vocab import VocabBridge
+from omnidraft.core import kv
+from omnidraft.drafting.direct_map import VocabBridge
+from omnidraft.drafting.ngram_cache import Merged
+from omnidraft.learn.losses import (
+    DIVERGENCES,
+    hybrid_loss,
+    lifted_log_probs,
+    ngram_nll,
+    reverse_kl,
+)
+from omnidraft.state import (
+    load_optimizer_state,
+    optimizer_state,
+    rng_state,
+    set_rng_state,
+)
 
 HYBRID = ("kl_nll", "nll_only", "nll_nll", "kl_kl")  # OmniDraft's loss and its ablations
 LOSSES = HYBRID + tuple(DIVERGENCES)  # + plain divergences on DM positions (OSD, DistillSpec)

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import torch
 
-from omnidraft.decode import GenerationResult, StepRecord
+from omnidraft.core.decode import GenerationResult, StepRecord
 
 
 class HFAssisted:
@@ -52,8 +52,8 @@ class HFAssisted:
             if v is not None:
                 setattr(gc, key, v)
         self.assistant_config = gc
+        from omnidraft.drafting.direct_map import tokenizer_hash
         from omnidraft.errors import OmniDraftError
-        from omnidraft.vocab import tokenizer_hash
 
         # transformers treats equal vocabulary sizes as one tokenizer (plain assisted generation)
         # and different sizes as two (text re-encoding); a pair it would misread is refused here.

@@ -1,0 +1,1 @@
+"""Tasks, quality metrics, the code sandbox, model loading and artifact fetching."""
