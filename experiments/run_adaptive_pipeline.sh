@@ -29,4 +29,4 @@ stream() {  # NAME CORE [overrides...]
   stream sv_interleaved 1 "${sv[@]}" ablation=adaptive_interleaved; } &
 wait
 bash experiments/copy_results.sh "$root" adaptive/sv_fixed adaptive/sv_joint adaptive/sv_heuristic adaptive/sv_interleaved
-.venv/bin/python experiments/make_tables.py adaptive
+.venv/bin/omnidraft tables adaptive

@@ -46,4 +46,4 @@ bench gsm8k 0 &
 bench humaneval 1 &
 wait
 bash experiments/copy_results.sh "$root" distill/gsm8k_fkl bench_warmup/omnidraft bench/runs/gsm8k bench/runs/humaneval
-.venv/bin/python experiments/make_tables.py bench
+.venv/bin/omnidraft tables bench

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,11 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from tqdm.auto import tqdm
 
-from omnidraft import provenance
 from omnidraft.config import CONF_DIR
 from omnidraft.errors import OmniDraftError
-from omnidraft.loggers import JSONLLogger
+from omnidraft.lifecycle import RunContext, check_resume, command_overrides, fingerprint, resolve_dtypes, write_json
 from omnidraft.profiling import ForwardTimer, peak_rss_gib, rss_gib
-
-KEYS = ("speed/speedup", "speed/speedup_mean_ratio", "speed/tok_per_s", "accept/rate", "accept/mean_len",
-        "lossless/match_rate", "overhead/share", "mem/peak_rss_gib")
+from omnidraft.tables import bench_markdown, bench_row, bench_summary
 
 
 def check_bench(cfg: DictConfig) -> None:
@@ -102,13 +98,7 @@ def _base_overrides(cfg: DictConfig) -> list[str]:
     hydra's and ``resume``/``state_dir`` (the bench resumes every method from its own checkpoint;
     a method composed with resume=true would refuse its drafter.init_state): each method's config
     is composed from them."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        ov = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        ov = list(cfg.get("overrides") or [])
-    return [o for o in ov
+    return [o for o in command_overrides(cfg)
             if not o.lstrip("+~").startswith(("bench.", "bench_suite=", "hydra.", "hydra/", "run_dir=", "resume=",
                                               "state_dir="))]
 
@@ -164,45 +154,11 @@ def own_memory_gib(sess, shared) -> float:
     return total / 2**30
 
 
-def _agg(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    tot = lambda k: sum(r[k] for r in rows)  # noqa: E731
-    profiled = all(r["forward_s"] is not None for r in rows)
-    wall, new = tot("wall_s"), tot("new_tokens")
-    ar_wall, ar_new = tot("ar_wall_s"), tot("ar_new_tokens")
-    prop = tot("proposed")
-    out = {
-        "speed/tok_per_s": new / wall if wall else 0.0,
-        "speed/speedup": (new / wall) / (ar_new / ar_wall) if wall and ar_new else 0.0,
-        "speed/speedup_mean_ratio": sum(r["speedup"] for r in rows) / len(rows),
-        "accept/rate": tot("accepted") / prop if prop else 0.0,
-        "accept/mean_len": new / max(1, tot("steps")),
-        "accept/proposed_per_step": prop / max(1, tot("steps")),  # mean draft length
-        "lossless/match_rate": sum(r["match_ar"] for r in rows) / len(rows),
-        "overhead/share": (1.0 - tot("forward_s") / wall if wall else 0.0) if profiled else None,
-        "mem/peak_rss_gib": max(r["rss_gib"] for r in rows),
-        "time/wall_s": wall, "time/forward_s": tot("forward_s") if profiled else None, "time/adapt_s": tot("adapt_s"),
-        # the decode loop's own split of the wall time (rows of benches older than it lack it)
-        "time/draft_s": sum(r.get("draft_s") or 0.0 for r in rows),
-        "time/target_s": sum(r.get("target_s") or 0.0 for r in rows),
-        "time/steps": tot("steps"),
-        "n_prompts": len(rows), "new_tokens": new,
-    }
-    return out
-
-
 def run_bench(cfg: DictConfig) -> dict[str, Any]:
     from omnidraft import state as state_io
     from omnidraft.data.tasks import load_stream, render
-    from omnidraft.runner import (
-        Session,
-        _diff,
-        _plain,
-        fingerprint,
-        resolve_dtypes,
-        start_run,
-        task_templates,
-        uses_draft_model,
-    )
+    from omnidraft.lifecycle import to_plain
+    from omnidraft.runner import Session, task_templates, uses_draft_model
 
     check_bench(cfg)
     resolve_dtypes(cfg)  # each method's config resolves `auto` the same way when its models load
@@ -215,24 +171,22 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             raise OmniDraftError(f"resume=true: no bench checkpoint in {state_root}; pass the interrupted bench's "
                                  "directory (hydra.run.dir=results/bench/runs/<its time>) or drop resume")
         saved = json.loads((state_root / "bench.json").read_text())
-        d = _diff(saved["fingerprint"], fingerprint(cfg))
-        if d:
-            raise OmniDraftError(f"cannot resume the bench in {state_root}: the config differs ({d}); "
-                                 "resume with its original overrides")
-    run_dir, prov = start_run(cfg, list(base) + [f"bench.{k}={v}" for k, v in _plain(b).items()])
+        check_resume(cfg, saved["fingerprint"], f"the bench in {state_root}", "resume with its original overrides")
+    ctx = RunContext(cfg, list(base) + [f"bench.{k}={v}" for k, v in to_plain(b).items()])
+    run_dir = ctx.run_dir
     methods = list(b.methods)
 
     from omnidraft.data.models import load_model
 
-    target = load_model(_plain(cfg.target), Path(cfg.paths.cache_dir))
+    target = load_model(to_plain(cfg.target), Path(cfg.paths.cache_dir))
     sessions, shared = {}, {}
     for m in tqdm(methods, desc="load methods", disable=not cfg.progress):
         c = method_config(m, b.tasks[0], cfg, base)
         draft = None
         if uses_draft_model(c.method) and not c.method.adapt.enabled and not c.drafter.init_state:
-            key = json.dumps(_plain(c.drafter), sort_keys=True)  # one copy serves spd_dm, uag, uag_k5, ...
+            key = json.dumps(to_plain(c.drafter), sort_keys=True)  # one copy serves spd_dm, uag, uag_k5, ...
             if key not in shared:
-                shared[key] = load_model(_plain(c.drafter), Path(cfg.paths.cache_dir))
+                shared[key] = load_model(to_plain(c.drafter), Path(cfg.paths.cache_dir))
             draft = shared[key]
         sessions[m] = Session(c, target=target, draft=draft)
     prompts: list[tuple[str, str, list[int]]] = []  # (task, record id, target ids)
@@ -240,7 +194,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
         c = method_config("ar", task, cfg, base)
         ref = Session(c, target=target)
         templates = task_templates(c.task)
-        for r in load_stream(_plain(c.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed)):
+        for r in load_stream(to_plain(c.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed)):
             ids = ref.prompt_ids(render(r, 0, templates))
             for sess in sessions.values():  # the drafters' contexts too
                 sess.check_context(r.id, len(ids))
@@ -253,8 +207,6 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                 sessions[m].generate(ids, max_new_tokens=16)
 
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    start = 0
-    segments = [provenance.segment(prov, 0)]
     if saved is not None:
         start = int(saved["next_index"])
         if [p[1] for p in prompts[:start]] != saved["prompt_ids"]:
@@ -263,15 +215,10 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             st = state_io.load(state_root / saved["dir"] / m)
             sessions[m].restore(st)
             rows[m] = list(st.rows)
-        segments = saved["segments"] + [provenance.segment(prov, start)]
-        with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:  # the rows up to the checkpoint
-            for i in range(start):
-                for m in methods:
-                    f.write(json.dumps({"step": i, **rows[m][i]}, default=str) + "\n")
-    elif (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()  # a fresh bench in an old directory starts a fresh log
-    prov["segments"] = segments
-    ckpt = int(cfg.checkpoint_every)
+        ctx.resume(start, saved["segments"], ((i, rows[m][i]) for i in range(start) for m in methods))
+    else:
+        ctx.fresh()
+    start = ctx.start
 
     def checkpoint(next_index: int) -> None:
         """Every method's state after ``next_index`` prompts in a new folder; bench.json, written
@@ -280,18 +227,33 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
         for m in methods:  # online methods: weights, optimiser, cache; uag: the heuristic's length
             state_io.save(state_root / folder / m, sessions[m].state(next_index, rows[m], {}))
         meta = {"next_index": next_index, "dir": folder, "prompt_ids": [p[1] for p in prompts[:next_index]],
-                "fingerprint": fingerprint(cfg), "segments": segments}
-        tmp = state_root / "bench.json.tmp"
-        tmp.write_text(json.dumps(meta, default=str))
-        os.replace(tmp, state_root / "bench.json")
+                "fingerprint": fingerprint(cfg), "segments": ctx.segments}
+        write_json(state_root / "bench.json", meta, indent=None)
         for old in state_root.glob("at_*"):
             if old.name != folder:
                 shutil.rmtree(old, ignore_errors=True)
 
-    log = JSONLLogger(run_dir / "metrics.jsonl")
-    status = "ok"
-    result: dict[str, Any] = {}
-    try:
+    log = ctx.open_log(sinks=False)  # the bench's results JSON is its record: no wandb run
+
+    def result_of(status: str) -> dict[str, Any]:
+        done = min((len(r) for r in rows.values()), default=0)
+        own_gib = {m: own_memory_gib(sessions[m], shared.values()) for m in methods}  # optimiser state exists now
+        return {
+            "methods": {m: {**bench_summary(rows[m][:done]), "mem/own_gib": own_gib[m]} for m in methods}
+            if done else {},
+            "per_task": {t: {m: {**bench_summary([r for r in rows[m][:done] if r["task"] == t]),
+                                 "mem/own_gib": own_gib[m]} for m in methods}
+                         for t in b.tasks if any(r["task"] == t for r in rows[methods[0]][:done])} if done else {},
+            "status": status, "n_prompts": done, "tasks": list(b.tasks), "limit_per_task": int(b.limit),
+            "resumed_at": ctx.resumed_at,
+            "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
+            "max_new_tokens": n_new, "temperature": float(cfg.method.temperature),
+            "method_overrides": to_plain(b.method_overrides), "variants": to_plain(b.variants) if b.get("variants") else {},
+            "task_overrides": to_plain(b.task_overrides), "process_peak_rss_gib": peak_rss_gib(),
+            "provenance": ctx.prov,
+        }
+
+    with ctx.finishing(result_of, write=lambda result: write_outputs(result, Path(b.out_dir), b.name, run_dir)):
         profile = bool(b.profile)
         bar = tqdm(total=len(prompts) * len(methods), initial=start * len(methods), desc="bench", unit="gen",
                    disable=not cfg.progress)
@@ -317,41 +279,13 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             for m in methods:
                 res, fwd, rss = outs[m]
                 upd = sessions[m].after_prompt(i)
-                row = {"method": m, "task": task, "prompt/id": rid, "prompt/index": i,
-                       "new_tokens": res.n_new, "wall_s": res.wall_s, "steps": len(res.steps),
-                       "proposed": res.proposed, "accepted": res.accepted, "forward_s": fwd,
-                       "draft_s": res.draft_s, "target_s": res.target_s,  # the decode loop's own split
-                       "ar_new_tokens": ar.n_new, "ar_wall_s": ar.wall_s,
-                       "speedup": (res.n_new / res.wall_s) / (ar.n_new / ar.wall_s) if res.wall_s and ar.n_new else 0.0,
-                       "match_ar": res.tokens == ar.tokens, "rss_gib": rss,
-                       "adapt_s": upd.get("adapt/update_s", 0.0)}
+                row = bench_row(m, task, rid, i, res, ar, forward_s=fwd, rss_gib=rss, update=upd)
                 rows[m].append(row)
                 log.log(row, step=i)
-            if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(prompts):
+            if ctx.checkpoint_due(i, len(prompts)):
                 checkpoint(i + 1)
         bar.close()
-    except BaseException as e:
-        status = f"failed: {type(e).__name__}: {e}"
-        raise
-    finally:
-        done = min((len(r) for r in rows.values()), default=0)
-        own_gib = {m: own_memory_gib(sessions[m], shared.values()) for m in methods}  # optimiser state exists now
-        result = {
-            "methods": {m: {**_agg(rows[m][:done]), "mem/own_gib": own_gib[m]} for m in methods} if done else {},
-            "per_task": {t: {m: {**_agg([r for r in rows[m][:done] if r["task"] == t]), "mem/own_gib": own_gib[m]}
-                             for m in methods}
-                         for t in b.tasks if any(r["task"] == t for r in rows[methods[0]][:done])} if done else {},
-            "status": status, "n_prompts": done, "tasks": list(b.tasks), "limit_per_task": int(b.limit),
-            "resumed_at": start if saved is not None else None,
-            "target": cfg.target.name, "drafter": cfg.drafter.name if cfg.drafter is not None else None,
-            "max_new_tokens": n_new, "temperature": float(cfg.method.temperature),
-            "method_overrides": _plain(b.method_overrides), "variants": _plain(b.variants) if b.get("variants") else {},
-            "task_overrides": _plain(b.task_overrides), "process_peak_rss_gib": peak_rss_gib(),
-            "provenance": prov,
-        }
-        write_outputs(result, Path(b.out_dir), b.name, run_dir)
-        log.close()
-    return result
+    return ctx.summary
 
 
 def _stem(result: dict[str, Any], name: str | None) -> str:
@@ -366,52 +300,6 @@ def write_outputs(result: dict[str, Any], out_dir: Path, name: str | None, run_d
     stem = _stem(result, name)
     for d in (out_dir, run_dir):
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f"{stem}.json.tmp"
-        tmp.write_text(json.dumps(result, indent=2, default=str))
-        os.replace(tmp, d / f"{stem}.json")
-        (d / f"{stem}.md").write_text(markdown(result))
+        write_json(d / f"{stem}.json", result)
+        (d / f"{stem}.md").write_text(bench_markdown(result))
     return out_dir / f"{stem}.json"
-
-
-def markdown(result: dict[str, Any]) -> str:
-    cols = ["method", "tok/s", "speedup", "speedup (mean of ratios)", "accept rate", "mean accepted len",
-            "draft len", "equal to ar", "overhead", "peak RSS GiB", "own GiB", "adapt s"]
-    lines = [f"# Bench: {result['target']} <- {result['drafter']}, tasks {', '.join(result['tasks'])}",
-             "", f"{result['n_prompts']} prompts ({result['limit_per_task']} per task), "
-             f"{result['max_new_tokens']} new tokens, temperature {result['temperature']}, status {result['status']}. "
-             f"Git {str(result['provenance'].get('git_hash'))[:10]}"
-             f"{' (dirty)' if result['provenance'].get('git_dirty') else ''}, "
-             f"{result['provenance'].get('cpu')} ({result['provenance'].get('cpu_capability')}), torch threads {result['provenance'].get('torch_threads')}."]
-    per_task = {t: o for t, o in (result.get("task_overrides") or {}).items() if o and t in result["tasks"]}
-    if per_task:
-        lines.append("Task overrides: " + "; ".join(f"{t}: {' '.join(o)}" for t, o in per_task.items()) + ".")
-    variants = {m: v for m, v in (result.get("variants") or {}).items() if m in result.get("methods", {})}
-    if variants:
-        lines.append("Variants: " + "; ".join(f"{m} = {v['method']} {' '.join(v.get('overrides') or [])}".rstrip()
-                                               for m, v in variants.items()) + ".")
-    per_method = {m: o for m, o in (result.get("method_overrides") or {}).items() if o}
-    if per_method:
-        lines.append("Method overrides: " + "; ".join(f"{m}: {' '.join(o)}" for m, o in per_method.items()) + ".")
-    lines.append("")
-
-    def table(ms: dict[str, Any]) -> list[str]:
-        out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        for m, a in ms.items():
-            out.append(f"| {m} | {a['speed/tok_per_s']:.2f} | {a['speed/speedup']:.3f}x | "
-                       f"{a['speed/speedup_mean_ratio']:.3f}x | {a['accept/rate']:.3f} | {a['accept/mean_len']:.2f} | "
-                       f"{'-' if a.get('accept/proposed_per_step') is None else format(a['accept/proposed_per_step'], '.2f')} | "
-                       f"{a['lossless/match_rate']:.2f} | {'-' if a['overhead/share'] is None else format(a['overhead/share'], '.1%')} | {a['mem/peak_rss_gib']:.2f} | "
-                       f"{a['mem/own_gib']:.2f} | "
-                       f"{a['time/adapt_s']:.1f} |")
-        return out
-
-    if result["methods"]:
-        lines += ["## All prompts", ""] + table(result["methods"])
-        for t, ms in result.get("per_task", {}).items():
-            lines += ["", f"## {t}", ""] + table(ms)
-    lines += ["", "Speedup: tokens/s of the method over tokens/s of ar on the same prompts (ratio of totals). "
-              "Overhead: share of the method's generation wall time outside model forward passes. "
-              "Peak RSS: the process's resident memory sampled after each of the method's generations "
-              "(all methods share one process and one target, so it is mostly common). Own GiB: memory only "
-              "this method holds (its own drafter copy, fp32 training copy and optimiser state)."]
-    return "\n".join(lines) + "\n"

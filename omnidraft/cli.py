@@ -1,8 +1,11 @@
 """Command line: ``omnidraft [hydra overrides]`` and ``python -m omnidraft``.
 
 Subcommands: ``omnidraft distill [overrides]`` (DistillSpec's offline distillation, config
-``conf/distill.yaml``) and ``omnidraft bench [overrides]`` (methods compared in one process,
-config ``conf/bench.yaml``).
+``conf/distill.yaml``), ``omnidraft bench [overrides]`` (methods compared in one process,
+config ``conf/bench.yaml``), ``omnidraft trace [overrides]`` (the target's greedy decoding of a
+task's prompts recorded for replay, config ``conf/trace.yaml``, :mod:`omnidraft.trace`) and
+``omnidraft tables {core,adaptive,bench} [--results DIR]``
+(``<results>/<group>/table.md`` from the result files, :mod:`omnidraft.tables`; no config).
 
 Overrides are composed once up front so that a bad key, a bad type or an unknown group option
 fails with one line and exit code 2 before Hydra starts a run. Errors raised while running
@@ -72,7 +75,13 @@ def _check_bench(cfg) -> None:
     check_bench(cfg)
 
 
-_CHECKS = {"config": _check_run, "distill": _check_distill, "bench": _check_bench}
+def _check_trace(cfg) -> None:
+    from omnidraft.trace import check_trace_config
+
+    check_trace_config(cfg)
+
+
+_CHECKS = {"config": _check_run, "distill": _check_distill, "bench": _check_bench, "trace": _check_trace}
 
 
 def _run(config_name: str, cfg):
@@ -80,6 +89,10 @@ def _run(config_name: str, cfg):
         from omnidraft.distill_command import run_distill
 
         return run_distill(cfg)
+    if config_name == "trace":
+        from omnidraft.trace import run_trace
+
+        return run_trace(cfg)
     if config_name == "bench":
         from omnidraft.bench import run_bench
 
@@ -89,12 +102,38 @@ def _run(config_name: str, cfg):
     return run(cfg)
 
 
+def _tables(argv: list[str]) -> None:
+    """``omnidraft tables GROUP [--results DIR]``: write and print ``<results>/<group>/table.md``.
+
+    Args:
+        argv: the arguments after ``tables``.
+    """
+    import argparse
+    from pathlib import Path
+
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.tables import GROUPS, write_table
+
+    p = argparse.ArgumentParser(prog="omnidraft tables", description="Markdown tables from result files.")
+    p.add_argument("group", help=f"one of {', '.join(GROUPS)}")
+    p.add_argument("--results", type=Path, default=Path("results"), help="the results directory (default: results)")
+    args = p.parse_args(argv)
+    try:
+        _, text = write_table(args.group, args.results)
+    except OmniDraftError as e:
+        _fail(_first_line(e))
+    print(text)
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> None:
     """Console entry point."""
+    if sys.argv[1:2] == ["tables"]:  # reads result files: no Hydra config, no run directory
+        _tables(sys.argv[2:])
+        return
     import signal
 
     import hydra
@@ -108,7 +147,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     argv = sys.argv[1:]
     config_name = "config"
-    if argv and argv[0] in ("distill", "bench"):
+    if argv and argv[0] in ("distill", "bench", "trace"):
         config_name = argv.pop(0)
         sys.argv = [sys.argv[0]] + argv  # Hydra parses the overrides only
     try:

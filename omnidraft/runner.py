@@ -9,141 +9,81 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from omnidraft import provenance
 from omnidraft import state as state_io
+from omnidraft.config import check_schema, task_defaults
 from omnidraft.core.decode import generate
-from omnidraft.data.models import LoadedModel, load_model, resolve_dtype
+from omnidraft.data.models import LoadedModel, load_model
 from omnidraft.data.quality import score as quality_score
 from omnidraft.data.quality import summarise_quality
 from omnidraft.data.tasks import format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import build_bridge, tokenizer_hash
+from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with, check_targets
+from omnidraft.learn.observers import step_observers, use_length_policy
 from omnidraft.learn.online import OnlineLearner, merge_lora_state
-from omnidraft.loggers import JSONLLogger, MultiLogger
-from omnidraft.tables import drafter_row, prompt_row, summarise
+from omnidraft.lifecycle import (
+    LOGGER_RUNTIME_ARGS,
+    RunContext,
+    check_resume,
+    command_overrides,
+    fingerprint,
+    group_choices,
+    resolve_dtypes,
+    to_plain,
+)
+from omnidraft.tables import by_task, drafter_row, prompt_row, summarise
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
 RUNTIME_ARGS = {
-    "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos", "learner", "verify"},
+    "method.drafter": {"model", "tokenizer", "bridge", "target_vocab_size", "target_eos", "verify"},
 }
-LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
-
-
-def _plain(node) -> dict:
-    return OmegaConf.to_container(node, resolve=True) if node is not None else None
-
-
-def portable_config(cfg: DictConfig) -> dict:
-    """The resolved config with machine-specific paths made portable for the record: paths under
-    the working directory become relative, the home directory becomes '~'."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    home, cwd = str(Path.home()), os.getcwd()
-
-    def fix(p):
-        if not isinstance(p, str) or not os.path.isabs(p):
-            return p
-        if p == cwd or p.startswith(cwd + os.sep):
-            return os.path.relpath(p, cwd)
-        return "~" + p[len(home):] if p.startswith(home + os.sep) else p
-
-    c["run_dir"] = fix(c.get("run_dir"))
-    c["paths"]["cache_dir"] = fix(c["paths"]["cache_dir"])
-    return c
-
-
-def _choices() -> dict[str, str]:
-    """Config group choices of this run (target, drafter, method, ablation, ...), when run by Hydra."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return {k: v for k, v in HydraConfig.get().runtime.choices.items()
-                if not k.startswith("hydra") and v is not None}
-    except ValueError:
-        return {}
-
-
-def _overrides(cfg: DictConfig) -> list[str]:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return list(cfg.get("overrides") or [])
-
-
-def resolve_dtypes(cfg: DictConfig) -> None:
-    """Replace ``dtype: auto`` of the target and drafter by what it means on this machine
-    (bfloat16 where native, else float32; :func:`omnidraft.data.models.resolve_dtype`), so the saved
-    config.yaml and the resume fingerprint name the dtype that actually ran: a stream started in
-    bf16 is not silently resumed in fp32 on another machine."""
-    for role in ("target", "drafter"):
-        node = cfg.get(role)
-        if node is not None and node.get("dtype") == "auto":
-            node.dtype = resolve_dtype("auto", node.get("device", "cpu"))
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Everything that can be checked before a model loads."""
+    """Everything that can be checked before a model loads: the schema's allowed values and ranges
+    (:func:`omnidraft.config.check_schema`), every ``_target_``'s kwargs, then the rules across
+    fields, read from what each method declares (``drafts_with``, ``can_adapt``, ...)."""
+    check_schema(cfg)
     runtime = dict(RUNTIME_ARGS)
     for name in (cfg.logger or {}):
         runtime[f"logger.{name}"] = LOGGER_RUNTIME_ARGS
     check_targets(cfg, runtime)
-    m = cfg.method
-    if m.engine not in ("omnidraft", "hf_assisted"):
-        raise OmniDraftError(f"method.engine={m.engine!r}: use omnidraft (this package's loop) or hf_assisted "
-                             "(transformers' assisted generation)")
+    m, dl = cfg.method, cfg.method.draft_length
     if m.engine == "hf_assisted":
-        if m.temperature > 0 or m.adapt.enabled or m.draft_length.policy != "fixed":
+        if m.temperature > 0 or m.adapt.enabled or dl.policy != "fixed":
             raise OmniDraftError(f"method {m.name!r} runs transformers' assisted generation: greedy, frozen, "
                                  "its own draft-length schedule (set method.hf.*), no adapt or draft_length")
-    elif m.name != "ar" and m.drafter is None:
+        if bool(m.hf.assistant) != (m.drafts_with == "model"):
+            raise OmniDraftError(f"method {m.name!r}: method.hf.assistant={m.hf.assistant} contradicts "
+                                 f"method.drafts_with={m.drafts_with} (an assistant is a drafter model)")
+    elif m.drafts_with != "none" and m.drafter is None:
         raise OmniDraftError(f"method {m.name!r} has no drafter config; set method.drafter or use method=ar")
     if uses_draft_model(m) and cfg.drafter is None:
         raise OmniDraftError(f"method {m.name!r} needs a drafter model; pass drafter=<name>")
-    if m.adapt.enabled:
-        if not drafter_accepts(m, "learner"):
-            raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
-                                 f"(omnidraft.drafting.model_drafters.NgramDrafter), not {m.drafter['_target_']}")
-    a = m.adapt
-    from omnidraft.learn.online import DTYPES, LOSSES, POSITIONS
-
-    if a.loss not in LOSSES:
-        raise OmniDraftError(f"method.adapt.loss={a.loss!r}: use one of {', '.join(LOSSES)}")
-    if a.positions not in POSITIONS:
-        raise OmniDraftError(f"method.adapt.positions={a.positions!r}: use drafted or rejected (OSD)")
-    if a.train_dtype not in DTYPES:
-        raise OmniDraftError(f"method.adapt.train_dtype={a.train_dtype!r}: use one of {', '.join(DTYPES)}")
-    if not 0 <= a.jsd_beta <= 1:
-        raise OmniDraftError(f"method.adapt.jsd_beta={a.jsd_beta} must be in [0, 1]")
-    hf = m.hf
-    if hf.num_assistant_tokens is not None and hf.num_assistant_tokens < 1:
-        raise OmniDraftError(f"method.hf.num_assistant_tokens={hf.num_assistant_tokens} must be >= 1 (or null)")
-    if hf.num_assistant_tokens_schedule not in (None, "constant", "heuristic", "heuristic_transient"):
-        raise OmniDraftError(f"method.hf.num_assistant_tokens_schedule={hf.num_assistant_tokens_schedule!r}: "
-                             "use constant, heuristic or heuristic_transient (or null)")
-    if cfg.drafter is not None and cfg.drafter.init_state:
+    if m.adapt.enabled and not m.can_adapt:
+        raise OmniDraftError(f"method.adapt.enabled=true needs a drafter that records training data "
+                             f"(method.can_adapt: omnidraft.drafting.model_drafters.NgramDrafter), not "
+                             f"{m.drafter['_target_'] if m.drafter else 'no drafter'}")
+    init_state = cfg.drafter.init_state if cfg.drafter is not None else None
+    if init_state:
         check_disjoint(cfg)
-    if m.verify not in ("lossless", "paper"):
-        raise OmniDraftError(f"method.verify={m.verify!r}: use lossless (greedy, exact) or paper (OmniDraft's q' rule)")
-    if m.name != "ar" and m.temperature > 0 and m.verify == "lossless":
-        if drafter_accepts(m, "verify"):
-            raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
-                                 "(OmniDraft's approximate q', not lossless) or method.temperature=0")
-    if m.name == "distillspec" and (cfg.drafter is None or not cfg.drafter.init_state):
-        raise OmniDraftError("method=distillspec serves an offline-distilled drafter: run `omnidraft distill` "
+    if m.temperature > 0 and m.verify == "lossless" and not m.lossless_sampling:
+        raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
+                             "(OmniDraft's approximate q', not lossless) or method.temperature=0")
+    if m.needs_init_state and not init_state:
+        raise OmniDraftError(f"method={m.name} serves an offline-distilled drafter: run `omnidraft distill` "
                              "first, then pass drafter.init_state=<its run_dir>/state")
-    if cfg.resume and cfg.drafter is not None and cfg.drafter.init_state:
+    if cfg.resume and init_state:
         raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
     dr = m.get("drafter") or {}
     if "eviction" in dr or "capacity" in dr:  # the cache's own rule, checked before any model loads
@@ -153,28 +93,13 @@ def check_config(cfg: DictConfig) -> None:
             NgramCache(capacity=dr.get("capacity"), eviction=dr.get("eviction", "lru"))
         except ValueError as e:
             raise OmniDraftError(f"method.drafter: {e} (capacity null = unbounded)") from None
-    dl = m.draft_length
-    if dl.policy not in ("fixed", "heuristic", "head"):
-        raise OmniDraftError(f"method.draft_length.policy={dl.policy!r}: use fixed, heuristic or head")
-    if dl.head_mode not in ("joint", "interleaved"):
-        raise OmniDraftError(f"method.draft_length.head_mode={dl.head_mode!r}: use joint or interleaved")
-    if dl.head_label not in ("verify", "t1"):
-        raise OmniDraftError(f"method.draft_length.head_label={dl.head_label!r}: use verify or t1")
     if not 1 <= dl.k_min <= dl.k_max:
         raise OmniDraftError(f"method.draft_length: need 1 <= k_min <= k_max, got {dl.k_min}..{dl.k_max}")
-    if dl.gamma is not None and not 0 < dl.gamma < 1:
-        raise OmniDraftError(f"method.draft_length.gamma={dl.gamma} must be in (0, 1)")
-    if dl.gamma_infer is not None and not 0 < dl.gamma_infer < 1:
-        raise OmniDraftError(f"method.draft_length.gamma_infer={dl.gamma_infer} must be in (0, 1)")
     if dl.gamma_infer is not None and (dl.head_learn or dl.policy != "head"):
         raise OmniDraftError("method.draft_length.gamma_infer is the frozen head's threshold: add "
                              "method.draft_length.policy=head method.draft_length.head_learn=false, or use gamma")
-    if dl.policy != "fixed" and m.name == "ar":
-        raise OmniDraftError("method=ar drafts nothing: drop method.draft_length.policy")
-    if m.k < 1:
-        raise OmniDraftError(f"method.k={m.k} must be >= 1")
-    if cfg.decode.max_new_tokens < 1:
-        raise OmniDraftError(f"decode.max_new_tokens={cfg.decode.max_new_tokens} must be >= 1")
+    if dl.policy != "fixed" and m.drafts_with == "none":
+        raise OmniDraftError(f"method={m.name} drafts nothing: drop method.draft_length.policy")
 
 
 def check_disjoint(cfg: DictConfig) -> None:
@@ -217,35 +142,10 @@ def task_templates(t) -> dict[str, str]:
     return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}
 
 
-def start_run(cfg: DictConfig, overrides: list[str]) -> tuple[Path, dict[str, Any]]:
-    """Create run_dir, write its portable config.yaml, set torch threads; returns (run_dir, provenance)."""
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(portable_config(cfg)))
-    prov = provenance.collect(int(cfg.seed), overrides)
-    # also at the start: a run killed before its summary (SIGKILL, machine gone) keeps its provenance
-    (run_dir / "provenance.json").write_text(json.dumps(prov, indent=2, default=str))
-    return run_dir, prov
-
-
 def uses_draft_model(m) -> bool:
-    """Whether a method needs a drafter LM (model-free drafters such as prompt lookup do not)."""
-    if m.name == "ar":
-        return False
-    if m.engine == "hf_assisted":
-        return bool(m.hf.assistant)
-    return drafter_accepts(m, "model")
-
-
-def drafter_accepts(m, arg: str) -> bool:
-    """Whether the method's drafter class takes ``arg`` (model, learner, verify, ...)."""
-    import inspect
-
-    from omnidraft.instantiate import import_target
-
-    return arg in inspect.signature(import_target(m.drafter["_target_"])).parameters
+    """Whether a method needs a drafter LM (``method.drafts_with: model``; prompt lookup and the
+    target alone do not)."""
+    return m.drafts_with == "model"
 
 
 def _load_init_weights(model, init) -> None:
@@ -264,33 +164,36 @@ class Session:
         and one frozen base drafter for every method that neither trains nor loads a state)."""
         self.cfg = cfg
         cache = Path(cfg.paths.cache_dir)
-        self.target: LoadedModel = target if target is not None else load_model(_plain(cfg.target), cache)
+        self.target: LoadedModel = target if target is not None else load_model(to_plain(cfg.target), cache)
         self.draft_lm: LoadedModel | None = None
         self.drafter = None
         self.bridge = None
         self.learner = None
         self.lora = None
         self.head_learner = None
+        self.length_policy = None  # the model drafter's draft-length policy (omnidraft.learn.draft_length)
+        self.observers: list = []  # learn from every step, in this order (omnidraft.core.feedback)
+        self._observing = True
         self.hf = None
         m = cfg.method
         if m.engine == "hf_assisted":
             from omnidraft.drafting.hf_assisted import HFAssisted
 
-            hf = _plain(m.hf)
+            hf = to_plain(m.hf)
             if hf.pop("assistant"):
-                self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
+                self.draft_lm = draft if draft is not None else load_model(to_plain(cfg.drafter), cache)
                 if cfg.drafter.init_state:
                     _load_init_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state))
             dm = self.draft_lm
             self.hf = HFAssisted(self.target.model, dm.model if dm else None, self.target.tokenizer,
                                  dm.tokenizer if dm else None, **hf)
-        elif m.name != "ar" and not uses_draft_model(m):  # model-free drafting (prompt lookup)
+        elif m.drafts_with == "lookup":  # model-free drafting (prompt lookup)
             v_t = self.target.model.get_output_embeddings().weight.shape[0]
             self.drafter = call_with(instantiate(m.drafter), target_vocab_size=v_t, target_eos=self.target.eos_ids,
                                      tokenizer=self.target.tokenizer)
-        elif m.name != "ar":
-            self.draft_lm = draft if draft is not None else load_model(_plain(cfg.drafter), cache)
-            if cfg.method.name == "sd" and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
+        elif m.drafts_with == "model":
+            self.draft_lm = draft if draft is not None else load_model(to_plain(cfg.drafter), cache)
+            if m.needs_same_tokenizer and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
                 raise OmniDraftError(
                     f"method=sd needs a drafter that shares the target's tokenizer; {cfg.drafter.name} "
                     f"and {cfg.target.name} differ: use method=spd_dm")
@@ -318,12 +221,14 @@ class Session:
                     _load_init_weights(self.draft_lm.model, init)
             self.drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
                                      bridge=self.bridge, target_vocab_size=v_t,
-                                     target_eos=self.target.eos_ids, learner=self.learner,
-                                     verify=cfg.method.verify)
+                                     target_eos=self.target.eos_ids, verify=cfg.method.verify)
             if init is not None and cfg.drafter.init_ngram and "drafter" in init.meta \
-                    and hasattr(self.drafter, "load_state_dict"):
+                    and isinstance(self.drafter, NgramDrafter):
                 self.drafter.load_state_dict(init.meta["drafter"])  # the adapted stream's n-gram cache
             self._build_length_policy(init)
+            # The observers, in the order the drafter once called them: length policy, head, learner, cache.
+            self.observers = step_observers(self.drafter, policy=self.length_policy, head=self.head_learner,
+                                            learner=self.learner)
 
     def prompt_ids(self, text: str | list[dict[str, str]]) -> list[int]:
         """Target token ids for one user message or a conversation (chat template when the
@@ -345,20 +250,21 @@ class Session:
                                     temperature=m.temperature, generator=g)
         return generate(self.target.model, prompt_ids, drafter=None if baseline else self.drafter,
                         k=self.draft_k(), max_new_tokens=n_new,
-                        eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g)
+                        eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g,
+                        observers=self.observers if self._observing else ())
 
     def _build_length_policy(self, init: state_io.SavedState | None = None) -> None:
         from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
-        from omnidraft.learn.draft_length import HeadPolicy, HeuristicK
+        from omnidraft.learn.draft_length import FixedK, HeadPolicy, HeuristicK
 
         dl, m = self.cfg.method.draft_length, self.cfg.method
         if dl.policy == "fixed":
+            self.length_policy = FixedK()
+            use_length_policy(self.drafter, self.length_policy)
             return
-        setter = getattr(self.drafter, "set_length_policy", None)
-        if setter is None:
-            raise OmniDraftError(f"method.draft_length.policy={dl.policy} needs a model drafter")
         if dl.policy == "heuristic":
-            setter(HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max))
+            self.length_policy = HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max)
+            use_length_policy(self.drafter, self.length_policy)
             return
         gamma = self._gamma(self.cfg.task.name)
         head = AcceptanceHead(int(self.draft_lm.model.config.hidden_size), dl.head_blocks).to(self.draft_lm.model.device)
@@ -375,23 +281,24 @@ class Session:
                                         label=dl.head_label)
         if dl.head_mode == "joint" and dl.head_learn and self.learner is not None:
             self.learner.attach_head(self.head_learner)  # one update on L_distill + L_head
-        setter(HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max), self.head_learner)
+        self.length_policy = HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max)
+        use_length_policy(self.drafter, self.length_policy, self.head_learner)
 
     def _gamma(self, task: str) -> float:
-        """The head's stop threshold: gamma_infer (a frozen head), gamma, or the task's preset."""
-        from omnidraft.learn.draft_length import GAMMA_PRESETS
-
-        dl = self.cfg.method.draft_length
+        """The head's stop threshold: gamma_infer (a frozen head), gamma, or ``task.head_gamma`` of
+        ``task`` (this run's task node; another task's conf/task YAML, for mixed streams and the bench)."""
+        dl, t = self.cfg.method.draft_length, self.cfg.task
         if not dl.head_learn and dl.gamma_infer is not None:
             return float(dl.gamma_infer)
-        return float(dl.gamma) if dl.gamma is not None else GAMMA_PRESETS.get(task, 0.7)
+        if dl.gamma is not None:
+            return float(dl.gamma)
+        return float(t.head_gamma if task == t.name else task_defaults(task).head_gamma)
 
     def set_task(self, task: str) -> None:
         """The prompt about to be decoded comes from ``task`` (mixed streams, the bench): a head
-        whose gamma is the task preset takes that task's preset."""
-        pol = getattr(self.drafter, "policy", None)
-        if self.head_learner is not None and hasattr(pol, "gamma"):
-            pol.gamma = self._gamma(task)
+        whose gamma is the task's ``head_gamma`` takes that task's."""
+        if self.head_learner is not None:  # the policy is then a HeadPolicy
+            self.length_policy.gamma = self._gamma(task)
 
     def draft_k(self) -> int:
         """The per-step draft budget handed to the decode loop."""
@@ -419,11 +326,18 @@ class Session:
             row["adapt/update_s"] = row.get("adapt/update_s", 0.0) + time.perf_counter() - t_up
         return row
 
+    @contextlib.contextmanager
     def paused(self):
-        """Warm-up context: the drafter neither learns nor touches the stream's cache (nor
-        transformers' heuristic draft length, for the uag methods)."""
-        p = getattr(self.hf if self.hf is not None else self.drafter, "paused", None)
-        return p() if callable(p) else contextlib.nullcontext()
+        """Warm-up context: no observer learns (drafter, head, length policy and n-gram cache stay
+        as they were), and the drafter's counters (or transformers' heuristic draft length, for the
+        uag methods) are restored afterwards."""
+        owner = self.hf if self.hf is not None else self.drafter
+        self._observing = False
+        try:
+            with (owner.paused() if owner is not None else contextlib.nullcontext()):
+                yield self
+        finally:
+            self._observing = True
 
     def state(self, next_index: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> state_io.SavedState:
         """The online state after ``next_index`` prompts."""
@@ -434,11 +348,10 @@ class Session:
         if self.head_learner is not None:
             head_tensors, meta["head"] = self.head_learner.state_dict()
             tensors = {**tensors, **head_tensors}
-        if self.drafter is not None and hasattr(self.drafter, "policy"):
-            meta["policy"] = self.drafter.policy.state_dict()
-        sd = getattr(self.drafter, "state_dict", None)
-        if callable(sd):
-            meta["drafter"] = sd()
+        if self.length_policy is not None:
+            meta["policy"] = self.length_policy.state_dict()
+        if isinstance(self.drafter, NgramDrafter):
+            meta["drafter"] = self.drafter.state_dict()  # the n-gram cache
         if self.hf is not None:
             meta["hf"] = self.hf.state_dict()  # transformers' heuristic draft length (uag_k5)
         return state_io.SavedState(meta, tensors, rows)
@@ -451,13 +364,12 @@ class Session:
         if self.head_learner is not None:
             self.head_learner.load_state_dict(st.tensors, st.meta["head"])
         if "policy" in st.meta:
-            self.drafter.policy.load_state_dict(st.meta["policy"])
+            self.length_policy.load_state_dict(st.meta["policy"])
         if self.hf is not None and "hf" in st.meta:
             self.hf.load_state_dict(st.meta["hf"])
 
     def drafter_stats(self) -> dict[str, float]:
-        stats = getattr(self.drafter, "stats", None)
-        return stats() if callable(stats) else {}
+        return self.drafter.stats() if self.drafter is not None else {}
 
     def check_context(self, rid: str, n_prompt: int) -> None:
         need = n_prompt + self.cfg.decode.max_new_tokens
@@ -482,44 +394,6 @@ def sliding_window(config) -> int | None:
     return None
 
 
-# Config keys that may change when a stream is resumed (everything else must match the state).
-_RESUME_FREE = {"resume", "progress", "threads", "run_dir", "logger", "paths", "overrides",
-                "checkpoint_every", "state_dir"}
-
-
-def fingerprint(cfg: DictConfig) -> dict[str, Any]:
-    c = OmegaConf.to_container(cfg, resolve=True)
-    return {k: v for k, v in c.items() if k not in _RESUME_FREE}
-
-
-def _diff(a: dict, b: dict, prefix: str = "") -> str | None:
-    """First difference between the saved fingerprint ``a`` and the current ``b``; keys that
-    newer code added to the config (absent from ``a``) are not differences."""
-    for k in sorted(a):
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            d = _diff(x, y, f"{prefix}{k}.")
-            if d:
-                return d
-        elif x != y:
-            return f"{prefix}{k}: saved {x!r}, now {y!r}"
-    return None
-
-
-def _by_task(rows: list[dict[str, Any]], greedy: bool, window: int) -> dict[str, Any]:
-    """Per-task acceptance and quality for streams that mix tasks."""
-    tasks = sorted({r.get("task") for r in rows if r.get("task")})
-    if len(tasks) < 2:
-        return {}
-    out = {}
-    for name in tasks:
-        rs = [r for r in rows if r.get("task") == name]
-        s = summarise(rs, greedy, window)
-        out[name] = {"n_prompts": len(rs), "accept/rate": s.get("accept/rate"),
-                     "accept/mean_len": s.get("accept/mean_len"), **summarise_quality(rs)}
-    return {"by_task": out}
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Run one experiment; returns the summary (also written to ``run_dir/summary.json``).
 
@@ -532,51 +406,59 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     saved = None
     if cfg.resume:
         saved = state_io.load(state_dir)
-        d = _diff(saved.meta["fingerprint"], fingerprint(cfg))
-        if d:
-            raise OmniDraftError(f"cannot resume from {state_dir}: the config differs ({d}); "
-                                 "resume with the run's original overrides, or start a new run_dir")
-    run_dir, prov = start_run(cfg, _overrides(cfg))
+        check_resume(cfg, saved.meta["fingerprint"], f"from {state_dir}",
+                     "resume with the run's original overrides, or start a new run_dir")
+    ctx = RunContext(cfg, command_overrides(cfg))
 
     t_load = time.perf_counter()
     sess = Session(cfg)
-    records = load_stream(_plain(cfg.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed))
+    records = load_stream(to_plain(cfg.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed))
     load_s = time.perf_counter() - t_load
 
     rows: list[dict[str, Any]] = []
-    start = 0
-    segments = [provenance.segment(prov, 0)]
     if saved is not None:
         sess.restore(saved)
-        rows, start = list(saved.rows), int(saved.meta["next_index"])
-        segments = saved.meta.get("segments", []) + [provenance.segment(prov, start)]
-        with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as f:  # drop rows past the checkpoint
-            for n, r in enumerate(rows):
-                f.write(json.dumps({"step": n, **r}, default=str) + "\n")
-    elif (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()  # a fresh run in an old directory starts a fresh log
-    prov["segments"] = segments
-
-    sinks = [JSONLLogger(run_dir / "metrics.jsonl")]
-    for name, node in (cfg.logger or {}).items():
-        make = instantiate(node, _partial_=True)  # runtime args passed as plain objects, not configs
-        sinks.append(call_with(make, run_dir=str(run_dir), run_config=OmegaConf.to_container(cfg, resolve=True)))
-    log = MultiLogger(sinks)
+        rows = list(saved.rows)
+        ctx.resume(int(saved.meta["next_index"]), saved.meta.get("segments", []), enumerate(rows))
+    else:
+        ctx.fresh()
+    start = ctx.start
+    log = ctx.open_log()
 
     greedy = cfg.method.temperature <= 0
     measure = cfg.method.name != "ar" and cfg.measure_baseline
     every = max(1, int(cfg.baseline_every))
-    ckpt = int(cfg.checkpoint_every)
     t = cfg.task
-    meta = {"fingerprint": fingerprint(cfg), "segments": segments,
+    meta = {"fingerprint": fingerprint(cfg), "segments": ctx.segments,
             # the prompts this state adapted on (their number is next_index), for runner.check_disjoint
             "train_split": {"task": t.name, "offset": int(t.offset), "shuffle": bool(t.shuffle),
                             "seed": int(cfg.seed)},
             "tokenizers": {"target": tokenizer_hash(sess.target.tokenizer),
                            "drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
-    summary: dict[str, Any] = {}
-    status = "ok"
-    try:
+
+    def summary_of(status: str) -> dict[str, Any]:
+        summary = summarise(rows, greedy, int(cfg.metrics_window))
+        summary.update(summarise_quality(rows))
+        summary.update(by_task(rows, greedy, int(cfg.metrics_window)))
+        summary.update({
+            "status": status,
+            "n_records": len({r["prompt/index"] for r in rows}),
+            "method": cfg.method.name, "target": cfg.target.name,
+            "drafter": sess.draft_lm.name if sess.draft_lm is not None else None,
+            "task": cfg.task.name, "k": int(cfg.method.k), "temperature": float(cfg.method.temperature),
+            "verify": cfg.method.verify,
+            "max_new_tokens": int(cfg.decode.max_new_tokens),
+            "baseline_every": every if measure else None,
+            "time/load_s": load_s,
+            "resumed_at": ctx.resumed_at,
+            "choices": group_choices(),
+        })
+        if sess.bridge is not None:
+            summary.update(sess.bridge.stats())
+        summary["provenance"] = ctx.prov
+        return summary
+
+    with ctx.finishing(summary_of):
         templates = sess.templates()
         first = []
         for r in records:
@@ -624,7 +506,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     row.update(sess.after_prompt(i, progress=bool(cfg.progress)))
                 rows.append(row)
                 log.log(row, step=len(rows) - 1)
-            if (ckpt > 0 and (i + 1) % ckpt == 0) or i + 1 == len(records):
+            if ctx.checkpoint_due(i, len(records)):
                 state_io.save(state_dir, sess.state(i + 1, rows, meta))
             bar.update(1)
             summary = summarise(rows, greedy, int(cfg.metrics_window))
@@ -633,32 +515,4 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 post["speedup"] = f"{summary['speed/speedup']:.2f}x"
             bar.set_postfix(post)
         bar.close()
-    except BaseException as e:  # keep what was computed, then re-raise
-        status = f"failed: {type(e).__name__}: {e}"
-        raise
-    finally:
-        summary = summarise(rows, greedy, int(cfg.metrics_window))
-        summary.update(summarise_quality(rows))
-        summary.update(_by_task(rows, greedy, int(cfg.metrics_window)))
-        summary.update({
-            "status": status,
-            "n_records": len({r["prompt/index"] for r in rows}),
-            "method": cfg.method.name, "target": cfg.target.name,
-            "drafter": sess.draft_lm.name if sess.draft_lm is not None else None,
-            "task": cfg.task.name, "k": int(cfg.method.k), "temperature": float(cfg.method.temperature),
-            "verify": cfg.method.verify,
-            "max_new_tokens": int(cfg.decode.max_new_tokens),
-            "baseline_every": every if measure else None,
-            "time/load_s": load_s,
-            "resumed_at": start if saved is not None else None,
-            "choices": _choices(),
-        })
-        if sess.bridge is not None:
-            summary.update(sess.bridge.stats())
-        summary["provenance"] = prov
-        tmp = run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        os.replace(tmp, run_dir / "summary.json")
-        log.log_summary(summary)
-        log.close()
-    return summary
+    return ctx.summary

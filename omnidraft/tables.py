@@ -1,14 +1,105 @@
-"""Per-prompt rows and the run summary. One token counting for every method: new target tokens
-emitted (EOS included), over wall seconds of the whole generation (prefill included)."""
+"""Result rows, their aggregation, the Markdown tables and the readers of result files.
+
+The one place that says what a result row holds. The stream runner (``omnidraft``) and the bench
+(``omnidraft bench``) build their rows here, aggregate them with :func:`summarise`, and
+``omnidraft tables <group>`` renders ``results/<group>/table.md`` from the files they wrote
+(tables are generated from result files, never typed).
+
+Row schema
+----------
+One row per generation: one prompt (one turn of a multi-turn prompt) decoded by one method. The
+stream runner writes one per prompt turn to ``metrics.jsonl``, the bench one per prompt and
+method. ``sd/`` is the method under test (whatever it is, ``ar`` included), ``ar/`` the plain
+autoregressive decode of the same prompt, when it was measured. Tokens are counted one way for
+every method: new target tokens (EOS included) over wall seconds of the whole generation
+(prefill included).
+
+===========================  =====================================================================
+key                          meaning
+===========================  =====================================================================
+``prompt/id``                the task record's id
+``prompt/index``             position in the stream (0-based)
+``task``                     the task the prompt came from
+``prompt/turn``              stream: the turn of a multi-turn record (0-based)
+``prompt/tokens``            stream: prompt length in target tokens
+``method``                   bench: the method (or variant) label
+``sd/new_tokens``            new target tokens emitted
+``sd/wall_s``                wall seconds of the generation
+``sd/steps``                 verification steps (target forwards after the prefill)
+``sd/proposed``              drafted tokens offered to the target (in target tokens)
+``sd/accepted``              of those, accepted
+``sd/draft_s``               seconds drafting (the decode loop's own split of ``sd/wall_s``)
+``sd/target_s``              seconds verifying
+``sd/prefill_s``             seconds of the prefill
+``sd/stop``                  ``eos`` or ``length``
+``sd/step_proposed``         per step: target tokens proposed (the draft length)
+``sd/step_accepted``         per step: accepted
+``sd/forward_s``             bench: seconds inside model forwards (None when not profiled)
+``accept/rate``              the row's ``sd/accepted / sd/proposed``
+``accept/mean_len``          the row's ``sd/new_tokens / sd/steps``
+``speed/sd_tok_per_s``       the row's ``sd/new_tokens / sd/wall_s``
+``ar/new_tokens``            (rows that measured ar) ar's new tokens
+``ar/wall_s``                ar's wall seconds
+``ar/steps``                 ar's steps (one per token)
+``ar/target_s``              ar's seconds in the target
+``ar/prefill_s``             ar's prefill seconds
+``speed/ar_tok_per_s``       ar's tokens per second
+``speed/speedup``            the row's tokens/s over ar's
+``lossless/match``           the method emitted ar's tokens exactly
+``lossless/first_mismatch``  first differing position (-1: equal)
+``draft/mean_len``           stream: drafter tokens per step (model drafters)
+``ngram/size``               stream: n-gram cache entries after the prompt (``ngram/bytes`` its size)
+``ngram/hits``               stream: proposals served by the cache (``ngram/hits_per_step``)
+``head/*``                   acceptance head calibration since the last row (``head/n`` proposals)
+``adapt/update_s``           only on prompts after which an online update ran: its seconds (with
+                             the learner's ``adapt/*`` / ``head/*`` statistics)
+``quality/*``                stream: the task's quality scores (``text/output``: the text)
+``mem/rss_gib``              bench: process RSS after the generation
+===========================  =====================================================================
+
+Rows that benches wrote before this schema used unprefixed keys; :func:`normalise_row` maps them
+(:data:`LEGACY_BENCH_KEYS`) when result files are read, so committed results read unchanged.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from omnidraft.core.decode import GenerationResult
+from omnidraft.data.quality import summarise_quality
+from omnidraft.errors import OmniDraftError
+
+if TYPE_CHECKING:
+    from omnidraft.core.decode import GenerationResult
+
+# Bench rows before the shared schema -> schema keys. ``adapt_s`` was written on every row (0.0 when
+# no update ran); in the schema ``adapt/update_s`` marks the rows that updated, so a 0.0 is dropped.
+LEGACY_BENCH_KEYS = {
+    "new_tokens": "sd/new_tokens", "wall_s": "sd/wall_s", "steps": "sd/steps", "proposed": "sd/proposed",
+    "accepted": "sd/accepted", "forward_s": "sd/forward_s", "draft_s": "sd/draft_s", "target_s": "sd/target_s",
+    "ar_new_tokens": "ar/new_tokens", "ar_wall_s": "ar/wall_s", "speedup": "speed/speedup",
+    "match_ar": "lossless/match", "rss_gib": "mem/rss_gib", "adapt_s": "adapt/update_s",
+}
+
+# Per-method keys every bench result holds (results JSON ``methods`` / ``per_task``).
+BENCH_KEYS = ("speed/speedup", "speed/speedup_mean_ratio", "speed/tok_per_s", "accept/rate", "accept/mean_len",
+              "lossless/match_rate", "overhead/share", "mem/peak_rss_gib")
+
+
+# ---------------------------------------------------------------------------------------- rows
 
 
 def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, Any]:
+    """One generation's ``sd/*`` keys, and its ``ar/*`` comparison when ``ar`` ran.
+
+    Args:
+        sd: the method's generation.
+        ar: the plain autoregressive generation of the same prompt, or None.
+
+    Returns:
+        The row's decoding keys (see the module's schema).
+    """
     row: dict[str, Any] = {
         "sd/new_tokens": sd.n_new, "sd/wall_s": sd.wall_s, "sd/steps": len(sd.steps),
         "sd/proposed": sd.proposed, "sd/accepted": sd.accepted, "sd/draft_s": sd.draft_s,
@@ -33,7 +124,16 @@ def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, A
 
 
 def drafter_row(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:
-    """Per-prompt drafter statistics from cumulative counters (n-gram cache size, hits per step)."""
+    """Per-prompt drafter statistics from cumulative counters (n-gram cache size, hits per step).
+
+    Args:
+        before: the drafter's counters before the generation.
+        after: its counters after it.
+        steps: the generation's verification steps.
+
+    Returns:
+        ``draft/mean_len`` and the ``ngram/*`` keys the drafter counts.
+    """
     row: dict[str, float] = {}
     if "draft/tokens" in after:
         row["draft/mean_len"] = (after["draft/tokens"] - before.get("draft/tokens", 0)) / max(1, steps)
@@ -45,6 +145,40 @@ def drafter_row(before: dict[str, float], after: dict[str, float], steps: int) -
     return row
 
 
+def bench_row(method: str, task: str, prompt_id: str, index: int, res: GenerationResult, ar: GenerationResult,
+              forward_s: float | None, rss_gib: float, update: dict[str, float]) -> dict[str, Any]:
+    """One bench generation: a stream row's decoding keys plus what the bench measures.
+
+    Args:
+        method: the method (or variant) label.
+        task: the prompt's task.
+        prompt_id: the task record's id.
+        index: the prompt's position in the bench.
+        res: the method's generation.
+        ar: ``ar``'s generation of the same prompt (the bench runs it on every prompt).
+        forward_s: seconds inside model forwards (None when the bench does not profile).
+        rss_gib: process RSS after the generation.
+        update: the method's online update after the prompt (``adapt/update_s`` when one ran).
+
+    Returns:
+        The row (see the module's schema).
+    """
+    return {"method": method, "task": task, "prompt/id": prompt_id, "prompt/index": index,
+            **prompt_row(res, ar), "sd/forward_s": forward_s, "mem/rss_gib": rss_gib, **update}
+
+
+def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row in the schema's keys: legacy bench keys renamed (:data:`LEGACY_BENCH_KEYS`).
+
+    Args:
+        row: a row as written (any age).
+
+    Returns:
+        The row with schema keys, in the same order; schema rows come back equal.
+    """
+    return {LEGACY_BENCH_KEYS.get(k, k): v for k, v in row.items() if not (k == "adapt_s" and not v)}
+
+
 def _first_mismatch(a: list[int], b: list[int]) -> int:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -52,63 +186,589 @@ def _first_mismatch(a: list[int], b: list[int]) -> int:
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def _rate(rs: list[dict[str, Any]]) -> float:
-    p = sum(r["sd/proposed"] for r in rs)
-    return sum(r["sd/accepted"] for r in rs) / p if p else 0.0
+# --------------------------------------------------------------------------------- aggregation
+
+
+def total(rows: list[dict[str, Any]], key: str, zero: float = 0) -> float:
+    """Sum of ``key`` over ``rows``; a row without it (or with None) counts ``zero``."""
+    return sum(r.get(key) or zero for r in rows)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
+
+
+def acceptance(rows: list[dict[str, Any]]) -> float | None:
+    """Accepted over proposed tokens, totals over ``rows`` (None when nothing was proposed)."""
+    p = total(rows, "sd/proposed")
+    return total(rows, "sd/accepted") / p if p else None
+
+
+def tok_per_s(rows: list[dict[str, Any]], side: str = "sd") -> float:
+    """New tokens over wall seconds, totals over ``rows``, of ``side`` (``sd`` or ``ar``)."""
+    return _ratio(total(rows, f"{side}/new_tokens"), total(rows, f"{side}/wall_s"))
+
+
+def speedup(rows: list[dict[str, Any]]) -> float | None:
+    """Tokens/s of the method over ar's on the rows that measured ar (None without any)."""
+    paired = [r for r in rows if "ar/new_tokens" in r]
+    return _ratio(tok_per_s(paired), tok_per_s(paired, "ar")) if paired else None
+
+
+def drafted_per_step(rows: list[dict[str, Any]]) -> float:
+    """Drafter tokens per step over ``rows`` (rows without ``draft/mean_len`` count 0)."""
+    drafted = sum((r.get("draft/mean_len") or 0) * r["sd/steps"] for r in rows)
+    return drafted / (total(rows, "sd/steps") or 1)
+
+
+def head_mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    """Mean of a head calibration ``key`` weighted by ``head/n`` (the proposals each row saw);
+    None when a row lacks the key (rows written before it existed)."""
+    if not all(key in r for r in rows):
+        return None
+    return sum(r[key] * r["head/n"] for r in rows) / total(rows, "head/n")
+
+
+def windows(rows: list[dict[str, Any]], window: int) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The first and last ``window`` rows; short runs get two halves, never overlapping windows.
+
+    Returns:
+        ``(w, first, last)``, ``w`` the window length used.
+    """
+    w = max(1, min(window, len(rows) // 2))
+    return w, rows[:w], rows[-w:]
 
 
 def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dict[str, Any]:
-    """Aggregate per-prompt rows: totals first, ratios of totals (not means of ratios)."""
+    """Aggregate rows: totals first, ratios of totals (not means of ratios).
+
+    The one aggregation of the stream runner's summary, the bench's per-method results
+    (:func:`bench_summary`) and the tables.
+
+    Args:
+        rows: schema rows, in stream order.
+        greedy: whether decoding was greedy (then ``lossless/match_rate`` is reported).
+        window: prompts in the first and last acceptance windows.
+
+    Returns:
+        ``n_prompts``, ``accept/*``, ``speed/*`` (``speed/speedup`` etc. over the rows that
+        measured ar), ``time/*`` shares, and the ``adapt/``, ``draft/``, ``head/``, ``ngram/``
+        keys the rows carry.
+    """
     s: dict[str, Any] = {"n_prompts": len(rows)}
     if not rows:
         return s
-    tot = lambda k, rs=rows: sum(r.get(k, 0) for r in rs)  # noqa: E731
-    proposed, steps = tot("sd/proposed"), tot("sd/steps")
-    s["accept/rate"] = _rate(rows)
-    s["accept/mean_len"] = tot("sd/new_tokens") / steps if steps else 0.0
-    s["accept/proposed_per_step"] = proposed / steps if steps else 0.0
-    s["speed/sd_tok_per_s_all"] = tot("sd/new_tokens") / tot("sd/wall_s")
-    s["time/draft_share"] = tot("sd/draft_s") / tot("sd/wall_s")
-    s["time/target_share"] = tot("sd/target_s") / tot("sd/wall_s")
-    w = max(1, min(window, len(rows) // 2))  # short runs: two halves, never overlapping windows
-    s["accept/window"] = w
-    s["accept/rate_first_window"] = _rate(rows[:w])
-    s["accept/rate_last_window"] = _rate(rows[-w:])
+    proposed, steps = total(rows, "sd/proposed"), total(rows, "sd/steps")
+    new, wall = total(rows, "sd/new_tokens"), total(rows, "sd/wall_s")
+    s["accept/rate"] = acceptance(rows) or 0.0
+    s["accept/mean_len"] = _ratio(new, steps)
+    s["accept/proposed_per_step"] = _ratio(proposed, steps)
+    s["speed/sd_tok_per_s_all"] = _ratio(new, wall)
+    s["time/draft_share"] = _ratio(total(rows, "sd/draft_s"), wall)
+    s["time/target_share"] = _ratio(total(rows, "sd/target_s"), wall)
+    s["accept/window"], first, last = windows(rows, window)
+    s["accept/rate_first_window"] = acceptance(first) or 0.0
+    s["accept/rate_last_window"] = acceptance(last) or 0.0
     if any("adapt/update_s" in r for r in rows):
-        up = tot("adapt/update_s")
-        s["adapt/time_share"] = up / (up + tot("sd/wall_s") + tot("ar/wall_s"))
+        up = total(rows, "adapt/update_s")
+        s["adapt/time_share"] = up / (up + wall + total(rows, "ar/wall_s"))
         s["adapt/n_updates"] = sum("adapt/update_s" in r for r in rows)
     dr = [r for r in rows if "draft/mean_len" in r]  # rows logged by code that counted drafted tokens
     if dr:
-        dsteps = sum(r["sd/steps"] for r in dr)
-        s["draft/mean_len"] = sum(r["draft/mean_len"] * r["sd/steps"] for r in dr) / dsteps if dsteps else 0.0
-    if any("head/pred_accept" in r for r in rows):
-        hr = [r for r in rows if "head/pred_accept" in r]
-        n = sum(r["head/n"] for r in hr)
+        s["draft/mean_len"] = _ratio(sum(r["draft/mean_len"] * r["sd/steps"] for r in dr), total(dr, "sd/steps"))
+    hr = [r for r in rows if "head/pred_accept" in r]
+    if hr:
+        n = total(hr, "head/n")
         s["head/pred_accept"] = sum(r["head/pred_accept"] * r["head/n"] for r in hr) / n
         s["head/obs_accept"] = sum(r["head/obs_accept"] * r["head/n"] for r in hr) / n
         dr = [r for r in hr if "head/pred_accept_debiased" in r]
         if dr:
             s["head/pred_accept_debiased"] = sum(r["head/pred_accept_debiased"] * r["head/n"] for r in dr) / \
-                sum(r["head/n"] for r in dr)
+                total(dr, "head/n")
     if "ngram/size" in rows[-1]:
         s["ngram/size"] = rows[-1]["ngram/size"]
         s["ngram/bytes"] = rows[-1]["ngram/bytes"]
-        s["ngram/hits_per_step"] = tot("ngram/hits") / steps if steps else 0.0
+        s["ngram/hits_per_step"] = _ratio(total(rows, "ngram/hits"), steps)
     paired = [r for r in rows if "ar/new_tokens" in r]
     s["n_baseline_prompts"] = len(paired)
     if paired:
-        sd_tps = tot("sd/new_tokens", paired) / tot("sd/wall_s", paired)
-        ar_tps = tot("ar/new_tokens", paired) / tot("ar/wall_s", paired)
-        s["speed/sd_tok_per_s"] = sd_tps
-        s["speed/ar_tok_per_s"] = ar_tps
-        s["speed/speedup"] = sd_tps / ar_tps
-        # Paper / Medusa convention: tokens per step / (SD step latency / plain step latency).
-        sd_step = (tot("sd/draft_s", paired) + tot("sd/target_s", paired)) / tot("sd/steps", paired)
-        ar_step = tot("ar/target_s", paired) / tot("ar/steps", paired)
-        s["speed/sd_step_s"] = sd_step
-        s["speed/ar_step_s"] = ar_step
-        s["speed/modelled_speedup"] = (tot("sd/new_tokens", paired) / tot("sd/steps", paired)) / (sd_step / ar_step)
+        s["speed/sd_tok_per_s"] = tok_per_s(paired)
+        s["speed/ar_tok_per_s"] = tok_per_s(paired, "ar")
+        s["speed/speedup"] = speedup(paired)
+        if all("ar/steps" in r for r in paired):  # legacy bench rows did not record ar's steps
+            # Paper / Medusa convention: tokens per step / (SD step latency / plain step latency).
+            sd_step = _ratio(total(paired, "sd/draft_s") + total(paired, "sd/target_s"), total(paired, "sd/steps"))
+            ar_step = _ratio(total(paired, "ar/target_s"), total(paired, "ar/steps"))
+            s["speed/sd_step_s"] = sd_step
+            s["speed/ar_step_s"] = ar_step
+            s["speed/modelled_speedup"] = _ratio(_ratio(total(paired, "sd/new_tokens"), total(paired, "sd/steps")),
+                                                 _ratio(sd_step, ar_step))
         if greedy:
             s["lossless/match_rate"] = sum(bool(r["lossless/match"]) for r in paired) / len(paired)
     return s
+
+
+def by_task(rows: list[dict[str, Any]], greedy: bool, window: int) -> dict[str, Any]:
+    """Per-task acceptance and quality, for streams that mix tasks.
+
+    Args:
+        rows: the stream's rows.
+        greedy: as :func:`summarise`.
+        window: as :func:`summarise`.
+
+    Returns:
+        ``{"by_task": {task: {n_prompts, accept/rate, accept/mean_len, quality/*}}}``, or ``{}``
+        when the rows come from fewer than two tasks.
+    """
+    tasks = sorted({r.get("task") for r in rows if r.get("task")})
+    if len(tasks) < 2:
+        return {}
+    out = {}
+    for name in tasks:
+        rs = [r for r in rows if r.get("task") == name]
+        s = summarise(rs, greedy, window)
+        out[name] = {"n_prompts": len(rs), "accept/rate": s.get("accept/rate"),
+                     "accept/mean_len": s.get("accept/mean_len"), **summarise_quality(rs)}
+    return {"by_task": out}
+
+
+def bench_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's bench results over its rows (each paired with ar's generation).
+
+    :func:`summarise`'s ratios of totals, plus what the bench alone measures: the mean of
+    per-prompt speedups, the framework overhead (share of wall time outside model forwards),
+    memory, and the time totals.
+
+    Args:
+        rows: the method's bench rows (legacy keys are mapped), at least one.
+
+    Returns:
+        The :data:`BENCH_KEYS` and ``accept/proposed_per_step`` (mean draft length),
+        ``time/{wall,forward,adapt,draft,target}_s``, ``time/steps``, ``n_prompts``, ``new_tokens``.
+    """
+    rows = [normalise_row(r) for r in rows]
+    s = summarise(rows, greedy=True)
+    wall = total(rows, "sd/wall_s", 0.0)
+    profiled = all(r.get("sd/forward_s") is not None for r in rows)
+    forward = total(rows, "sd/forward_s", 0.0) if profiled else None
+    return {
+        "speed/tok_per_s": s["speed/sd_tok_per_s_all"],
+        "speed/speedup": s["speed/speedup"],
+        "speed/speedup_mean_ratio": sum(r["speed/speedup"] for r in rows) / len(rows),
+        "accept/rate": s["accept/rate"],
+        "accept/mean_len": s["accept/mean_len"],
+        "accept/proposed_per_step": s["accept/proposed_per_step"],  # mean draft length
+        "lossless/match_rate": s["lossless/match_rate"],
+        "overhead/share": (1.0 - forward / wall if wall else 0.0) if profiled else None,
+        "mem/peak_rss_gib": max(r["mem/rss_gib"] for r in rows),
+        "time/wall_s": wall, "time/forward_s": forward, "time/adapt_s": total(rows, "adapt/update_s", 0.0),
+        # the decode loop's own split of the wall time (rows of benches older than it lack it)
+        "time/draft_s": total(rows, "sd/draft_s", 0.0),
+        "time/target_s": total(rows, "sd/target_s", 0.0),
+        "time/steps": total(rows, "sd/steps"),
+        "n_prompts": len(rows), "new_tokens": total(rows, "sd/new_tokens"),
+    }
+
+
+# ------------------------------------------------------------------------------ result files
+
+
+def read_rows(run: Path) -> list[dict[str, Any]]:
+    """The rows of a run directory's ``metrics.jsonl`` in schema keys ([] without one).
+
+    Args:
+        run: a stream run or bench run directory.
+    """
+    f = run / "metrics.jsonl"
+    return [normalise_row(json.loads(x)) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+
+
+def read_summary(run: Path) -> dict[str, Any]:
+    """A run directory's ``summary.json`` as written ({} without one); ``provenance`` from
+    ``provenance.json`` (written when the run started) when the summary lacks it.
+
+    Args:
+        run: a run directory.
+    """
+    s = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    if "provenance" not in s and (run / "provenance.json").exists():
+        s["provenance"] = json.loads((run / "provenance.json").read_text())
+    return s
+
+
+def run_summary(run: Path) -> tuple[dict[str, Any], bool]:
+    """A stream run's summary, recomputed from its rows when the run is unfinished.
+
+    Args:
+        run: a stream run directory.
+
+    Returns:
+        ``(summary, partial)``: partial when the summary was not written with status ``ok``
+        over all the rows of ``metrics.jsonl`` (a stream still running, or cut).
+    """
+    s = read_summary(run)
+    rows = read_rows(run)
+    done = s.get("status") == "ok" and s.get("n_prompts") == len(rows)
+    if not done and rows:
+        s = {**s, **summarise(rows, True, 50)}
+    return s, not done
+
+
+def runs_with_summary(results: Path) -> list[Path]:
+    """Every run directory under ``results`` with a ``summary.json``, sorted by path."""
+    return [p.parent for p in sorted(results.rglob("summary.json"))]
+
+
+def read_bench(path: Path) -> dict[str, Any]:
+    """A bench results JSON (``omnidraft bench``'s ``<name>.json``)."""
+    return json.loads(path.read_text())
+
+
+# ---------------------------------------------------------------------------------- rendering
+
+GROUPS = ("core", "adaptive", "bench")
+ORDER = {"core": ["spd_dm", "cache_pp", "dm_only", "omnidraft", "lora"],
+         "adaptive": ["sv_fixed", "sv_heuristic", "sv_joint", "sv_interleaved", "xv_fixed", "xv_joint"]}
+ALIAS = {("adaptive", "xv_fixed"): ("core", "omnidraft")}  # the same stream serves both tables
+# Later GSM8K prompts are harder for every drafter, so a run's last window vs its first mixes
+# learning with prompt difficulty. "gain" columns subtract the frozen drafter's acceptance on the
+# SAME prompts (by prompt index) in each window: the frozen drafter for the core runs, the
+# fixed-k run of the same pair for the adaptive ones.
+REFERENCE = {"core": lambda name: ("core", "spd_dm"),
+             "adaptive": lambda name: ("adaptive", "sv_fixed") if name.startswith("sv_") else ("core", "omnidraft")}
+COLS = {
+    "core": [("prompts", "n_prompts", "d"), ("acc first window", "accept/rate_first_window", ".3f"),
+             ("acc last window", "accept/rate_last_window", ".3f"), ("acc all", "accept/rate", ".3f"),
+             ("mean accepted len", "accept/mean_len", ".2f"), ("speedup", "speed/speedup", ".2f"),
+             ("n-gram hits/step", "ngram/hits_per_step", ".3f"), ("cache size", "ngram/size", "d"),
+             ("updates", "adapt/n_updates", "d"), ("update share", "adapt/time_share", ".1%"),
+             ("equal to ar", "lossless/match_rate", ".2f")],
+    "adaptive": [("prompts", "n_prompts", "d"), ("acc", "accept/rate", ".3f"),
+                 ("acc last window", "accept/rate_last_window", ".3f"), ("mean accepted len", "accept/mean_len", ".2f"),
+                 ("mean draft len", "draft/mean_len", ".2f"), ("speedup", "speed/speedup", ".2f"),
+                 ("head pred", "head/pred_accept", ".3f"),
+                 ("head pred debiased", "head/pred_accept_debiased", ".3f"), ("head obs", "head/obs_accept", ".3f"),
+                 ("equal to ar", "lossless/match_rate", ".2f")],
+}
+BENCH_COLS = [("speedup", "speed/speedup", ".2f"), ("tok/s", "speed/tok_per_s", ".2f"), ("acc", "accept/rate", ".3f"),
+              ("mean accepted len", "accept/mean_len", ".2f"), ("equal to ar", "lossless/match_rate", ".2f"),
+              ("overhead", "overhead/share", ".1%")]
+
+
+def _run_dir(results: Path, group: str, name: str) -> Path:
+    return results / Path(*ALIAS.get((group, name), (group, name)))
+
+
+def gains(rows: list[dict[str, Any]], ref: list[dict[str, Any]], window: int) -> tuple[float | None, float | None]:
+    """(first-window, last-window) acceptance minus the reference run's on the same prompts.
+
+    Args:
+        rows: the run's rows.
+        ref: the reference run's rows (matched by ``prompt/index``).
+        window: as :func:`summarise`.
+
+    Returns:
+        The two gains; None where the reference lacks a window's prompts.
+    """
+    by_index = {r["prompt/index"]: r for r in ref}
+    out = []
+    for part in windows(rows, window)[1:]:
+        if not part or any(r["prompt/index"] not in by_index for r in part):
+            out.append(None)
+            continue
+        a, b = acceptance(part), acceptance([by_index[r["prompt/index"]] for r in part])
+        out.append(None if a is None or b is None else a - b)
+    return out[0], out[1]
+
+
+def cpu(s: dict[str, Any]) -> str:
+    """The CPU ISA each segment of a run ran on (speedups from different ISAs are not comparable:
+    bf16 is native with AVX512-BF16 and emulated, several times slower, on AVX2).
+
+    Args:
+        s: a summary (or ``{"provenance": ...}``).
+    """
+    from omnidraft.data.models import native_bf16
+
+    prov = s.get("provenance") or {}
+    segs = prov.get("segments") or [prov]
+    if len(segs) == 1 and "cpu_flags" not in segs[0]:  # segments recorded flags only later
+        segs = [{**segs[0], "cpu_flags": prov.get("cpu_flags")}]
+
+    def isa(g: dict) -> str:
+        cap, flags = g.get("cpu_capability") or "unrecorded", g.get("cpu_flags")
+        if flags is not None and native_bf16("cpu", set(flags)):
+            cap += "-BF16"  # torch reports AVX512 with or without native bf16
+        return cap
+
+    return "+".join(dict.fromkeys(isa(g) for g in segs))
+
+
+def dtype(run: Path) -> str:
+    """The target's dtype as the run resolved it (config.yaml; `auto` is resolved before it is
+    written): with the CPU column it says which kernels the speedup came from."""
+    f = run / "config.yaml"
+    if not f.exists():
+        return "-"
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.load(f).target.dtype).replace("bfloat16", "bf16").replace("float32", "fp32")
+
+
+def fmt(v: Any, f: str) -> str:
+    """``v`` formatted with ``f`` (``d``: as an integer); ``-`` for None."""
+    if v is None:
+        return "-"
+    return format(int(v), "d") if f == "d" else format(v, f)
+
+
+def stream_table(group: str, results: Path) -> str:
+    """One row per run of ``group`` (``core`` or ``adaptive``): its summary's columns, the gains
+    over its reference run, CPU and dtype; runs without rows are marked ``not run``, unfinished
+    ones ``(partial)``.
+
+    Args:
+        group: a key of :data:`ORDER`.
+        results: the results directory.
+    """
+    cols = COLS[group]
+    extra = ["reference", "gain first window", "gain last window", "CPU", "dtype"]
+    lines = ["| " + " | ".join(["run", *(c for c, _, _ in cols), *extra]) + " |", "|" + "---|" * (len(cols) + 6)]
+    for short in ORDER[group]:
+        run = _run_dir(results, group, short)
+        ref_dir = results / Path(*REFERENCE[group](short))
+        ref = read_rows(ref_dir)
+        if not (run / "metrics.jsonl").exists():
+            lines.append(f"| {run.name} | " + " | ".join(["not run"] + [""] * (len(cols) + 4)) + " |")
+            continue
+        s, partial = run_summary(run)
+        name = run.name if run.parent.name == group else f"{run.parent.name}/{run.name}"
+        name += " (partial)" if partial else ""
+        g = gains(read_rows(run), ref, int(s.get("accept/window") or 50)) if ref else (None, None)
+        lines.append(f"| {name} | " + " | ".join(fmt(s.get(k), f) for _, k, f in cols) + f" | {ref_dir.name}"
+                     + "".join(f" | {fmt(x, '+.3f')}" for x in g) + f" | {cpu(s)} | {dtype(run)} |")
+    return "\n".join(lines) + "\n"
+
+
+def blocks(group: str, results: Path, size: int = 50) -> str:
+    """Per block of ``size`` prompts (by prompt index): acceptance, mean accepted length (tokens
+    per target forward) and mean draft length (drafter tokens per step) of every run with rows,
+    and the speedup over the block's prompts that measured ar; sums over the block, not means.
+
+    Args:
+        group: a key of :data:`ORDER`.
+        results: the results directory.
+        size: prompts per block.
+    """
+    runs = [(n, read_rows(_run_dir(results, group, n))) for n in ORDER[group]]
+    runs = [(n, rows) for n, rows in runs if rows]
+    if not runs:
+        return ""
+    n_max = max(max(x["prompt/index"] for x in rows) + 1 for _, rows in runs)
+    lines = [f"Per {size}-prompt block: acceptance / mean accepted len / mean draft len / speedup", "",
+             "| prompts | " + " | ".join(n for n, _ in runs) + " |", "|" + "---|" * (len(runs) + 1)]
+    for lo in range(0, n_max, size):
+        cells = []
+        for _, all_rows in runs:
+            rows = [x for x in all_rows if lo <= x["prompt/index"] < lo + size]
+            steps = total(rows, "sd/steps")
+            if not rows or not steps:
+                cells.append("-")
+                continue
+            cells.append(f"{fmt(acceptance(rows), '.3f')} / {total(rows, 'sd/new_tokens') / steps:.2f} / "
+                         f"{drafted_per_step(rows):.2f} / {fmt(speedup(rows), '.2f')}"
+                         + ("" if len(rows) == size else f" ({len(rows)})"))
+        lines.append(f"| {lo}-{lo + size - 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def head_intervals(group: str, results: Path, size: int = 8) -> str:
+    """Runs with an acceptance head, per ``size`` prompts (the distillation interval): draft length,
+    acceptance and the head's mean prediction (raw, debiased) vs the observed acceptance, so the
+    effect of each update on the stop rule shows.
+
+    Args:
+        group: a key of :data:`ORDER`.
+        results: the results directory.
+        size: prompts per interval.
+    """
+    out = []
+    for n in ORDER[group]:
+        rows = [x for x in read_rows(_run_dir(results, group, n)) if x.get("head/n")]
+        if not rows:
+            continue
+        out += [f"{n}: per {size} prompts, drafter tokens per step / acceptance / head raw / debiased / observed", "",
+                "| prompts | draft len | acc | head raw | head debiased | observed |", "|---|---|---|---|---|---|"]
+        for lo in range(0, len(rows), size):
+            rs = rows[lo: lo + size]
+            heads = [fmt(head_mean(rs, k), ".3f") for k in ("head/pred_accept", "head/pred_accept_debiased",
+                                                             "head/obs_accept")]
+            out.append(f"| {rs[0]['prompt/index']}-{rs[-1]['prompt/index']} | {drafted_per_step(rs):.2f} | "
+                       f"{fmt(acceptance(rs), '.3f')} | " + " | ".join(heads) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def bench_table(results: Path) -> str:
+    """The issue-6 bench: one bench process per task (``results/bench/runs/<task>/``, each with every
+    method interleaved per prompt), a column block per task and one over all prompts (ratios of
+    totals over the rows, as the bench computes them), then the issue's targets checked.
+
+    Args:
+        results: the results directory.
+    """
+    runs = sorted(d for d in (results / "bench" / "runs").glob("*") if (d / "metrics.jsonl").exists())
+    if not runs:
+        return "no bench runs under results/bench/runs/\n"
+    rows = [r for d in runs for r in read_rows(d)]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+
+    def done(task: str | None) -> list[dict]:  # prompts every method finished (a cut bench can end mid-prompt)
+        rs = [r for r in rows if task is None or r["task"] == task]
+        keys = [{(r["task"], r["prompt/index"]) for r in rs if r["method"] == m} for m in methods]
+        ok = set.intersection(*keys) if keys else set()
+        return [r for r in rs if (r["task"], r["prompt/index"]) in ok]
+
+    parts = [(t, done(t)) for t in tasks] + ([("all", done(None))] if len(tasks) > 1 else [])
+    aggs = {name: {m: bench_summary([r for r in rs if r["method"] == m]) for m in methods} for name, rs in parts if rs}
+    head = "| method | " + " | ".join(f"{name} {c}" for name in aggs for c, _, _ in BENCH_COLS) + " |"
+    lines = []
+    for d in runs:  # where and how each bench process ran
+        s = read_summary(d)
+        g = s.get("provenance", {})
+        lines.append(f"- {d.name}: git {str(g.get('git_hash'))[:10]}{' (dirty)' if g.get('git_dirty') else ''}, "
+                     f"{g.get('cpu')} ({cpu(s)}), torch threads {g.get('torch_threads')}, target dtype {dtype(d)}")
+    lines += ["", "prompts per block: " + ", ".join(f"{name} {a[methods[0]]['n_prompts']}" for name, a in aggs.items()),
+              "", head, "|" + "---|" * (1 + len(aggs) * len(BENCH_COLS))]
+    for m in methods:
+        lines.append(f"| {m} | " + " | ".join(fmt(aggs[name][m].get(k), f) for name in aggs for _, k, f in BENCH_COLS)
+                     + " |")
+    lines += ["", "Targets (issue 6), per block:", ""]
+    for name, a in aggs.items():
+        sp = {m: a[m]["speed/speedup"] for m in methods}
+        checks = []
+        if "spd_dm" in sp and "uag_k5" in sp:
+            checks.append(f"spd_dm {sp['spd_dm']:.2f}x vs uag_k5 {sp['uag_k5']:.2f}x: "
+                          f"{'met' if sp['spd_dm'] >= sp['uag_k5'] else 'missed'} ({sp['spd_dm'] / sp['uag_k5']:.2f}x)")
+        for u in ("uag", "uag_k5"):
+            if "omnidraft" in sp and u in sp:
+                r = sp["omnidraft"] / sp[u]
+                checks.append(f"omnidraft / {u} {r:.2f} (target >= 1.3: {'met' if r >= 1.3 else 'missed'})")
+        over = {m: a[m]["overhead/share"] for m in methods if m != "ar" and a[m]["overhead/share"] is not None}
+        if over:
+            worst = max(over, key=over.get)
+            checks.append(f"largest overhead {over[worst]:.1%} ({worst}; target <= 10%: "
+                          f"{'met' if over[worst] <= 0.10 else 'missed'})")
+        lines.append(f"- {name}: " + "; ".join(checks))
+    for name, rs in parts:  # where the time goes: the decode loop's draft/verify split, per step
+        if not rs or name == "all" or any("sd/draft_s" not in r for r in rs):
+            continue  # rows of benches older than the split lack it
+        lines += ["", (f"Time per step, {name} (draft and verify phases as the decode loop times them; uag: "
+                       "between and in the target's forwards):"), "",
+                  ("| method | steps | draft s/step | verify s/step | drafted tok/step | draft s/drafted tok "
+                   "| wall s/token |"), "|---|---|---|---|---|---|---|"]
+        for m in methods:
+            a = aggs[name][m]
+            st, pr = max(1, a["time/steps"]), total([r for r in rs if r["method"] == m], "sd/proposed")
+            lines.append(f"| {m} | {a['time/steps']} | {a['time/draft_s'] / st:.3f} | {a['time/target_s'] / st:.3f} | "
+                         f"{pr / st:.2f} | {a['time/draft_s'] / pr if pr else 0:.3f} | "
+                         f"{a['time/wall_s'] / max(1, a['new_tokens']):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def bench_markdown(result: dict[str, Any]) -> str:
+    """One bench's Markdown report, from its results JSON: a table over all prompts and one per task.
+
+    Args:
+        result: what ``omnidraft bench`` returns (and writes as ``<name>.json``).
+    """
+    cols = ["method", "tok/s", "speedup", "speedup (mean of ratios)", "accept rate", "mean accepted len",
+            "draft len", "equal to ar", "overhead", "peak RSS GiB", "own GiB", "adapt s"]
+    prov = result["provenance"]
+    lines = [f"# Bench: {result['target']} <- {result['drafter']}, tasks {', '.join(result['tasks'])}", "",
+             (f"{result['n_prompts']} prompts ({result['limit_per_task']} per task), "
+              f"{result['max_new_tokens']} new tokens, temperature {result['temperature']}, status {result['status']}. "
+              f"Git {str(prov.get('git_hash'))[:10]}{' (dirty)' if prov.get('git_dirty') else ''}, "
+              f"{prov.get('cpu')} ({prov.get('cpu_capability')}), torch threads {prov.get('torch_threads')}.")]
+    per_task = {t: o for t, o in (result.get("task_overrides") or {}).items() if o and t in result["tasks"]}
+    if per_task:
+        lines.append("Task overrides: " + "; ".join(f"{t}: {' '.join(o)}" for t, o in per_task.items()) + ".")
+    variants = {m: v for m, v in (result.get("variants") or {}).items() if m in result.get("methods", {})}
+    if variants:
+        lines.append("Variants: " + "; ".join(f"{m} = {v['method']} {' '.join(v.get('overrides') or [])}".rstrip()
+                                               for m, v in variants.items()) + ".")
+    per_method = {m: o for m, o in (result.get("method_overrides") or {}).items() if o}
+    if per_method:
+        lines.append("Method overrides: " + "; ".join(f"{m}: {' '.join(o)}" for m, o in per_method.items()) + ".")
+    lines.append("")
+
+    def table(ms: dict[str, Any]) -> list[str]:
+        out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for m, a in ms.items():
+            out.append(f"| {m} | {a['speed/tok_per_s']:.2f} | {a['speed/speedup']:.3f}x | "
+                       f"{a['speed/speedup_mean_ratio']:.3f}x | {a['accept/rate']:.3f} | {a['accept/mean_len']:.2f} | "
+                       f"{fmt(a.get('accept/proposed_per_step'), '.2f')} | "
+                       f"{a['lossless/match_rate']:.2f} | {fmt(a['overhead/share'], '.1%')} | "
+                       f"{a['mem/peak_rss_gib']:.2f} | {a['mem/own_gib']:.2f} | {a['time/adapt_s']:.1f} |")
+        return out
+
+    if result["methods"]:
+        lines += ["## All prompts", ""] + table(result["methods"])
+        for t, ms in result.get("per_task", {}).items():
+            lines += ["", f"## {t}", ""] + table(ms)
+    lines += ["", ("Speedup: tokens/s of the method over tokens/s of ar on the same prompts (ratio of totals). "
+                   "Overhead: share of the method's generation wall time outside model forward passes. "
+                   "Peak RSS: the process's resident memory sampled after each of the method's generations "
+                   "(all methods share one process and one target, so it is mostly common). Own GiB: memory only "
+                   "this method holds (its own drafter copy, fp32 training copy and optimiser state).")]
+    return "\n".join(lines) + "\n"
+
+
+def render(group: str, results: Path) -> str:
+    """The text of ``results/<group>/table.md``.
+
+    ``core`` and ``adaptive``: :func:`stream_table` over ``results/<group>/*/`` then :func:`blocks`
+    (per-50-prompt acceptance, mean accepted length, mean draft length, speedup over the block's
+    prompts that measured ar), ``adaptive`` also :func:`head_intervals`; ``bench``:
+    :func:`bench_table` over ``results/bench/runs/*/metrics.jsonl``.
+
+    A summary written while its stream was still running (or none: the stream's metrics.jsonl
+    alone) is recomputed from metrics.jsonl and marked partial. "gain first/last window" is a run's
+    acceptance minus its reference run's (spd_dm; sv_fixed or the cross-vocab omnidraft for the
+    adaptive table) on the same prompts, so prompt difficulty cancels out. The CPU column is torch's
+    capability per segment and the dtype column the target's (bf16 is emulated, several times
+    slower, on CPUs without AVX512-BF16/AMX: speedups from such runs are not comparable).
+
+    Args:
+        group: one of :data:`GROUPS`.
+        results: the results directory.
+    """
+    if group == "bench":
+        return bench_table(results)
+    text = stream_table(group, results) + "\n" + blocks(group, results)
+    if group == "adaptive":
+        text += "\n" + head_intervals(group, results)
+    return text
+
+
+def write_table(group: str, results: Path) -> tuple[Path, str]:
+    """Render ``group``'s table from the result files under ``results`` and write it.
+
+    Args:
+        group: one of :data:`GROUPS`.
+        results: the results directory.
+
+    Returns:
+        ``(path, text)``: ``results/<group>/table.md`` and what was written to it.
+
+    Raises:
+        OmniDraftError: ``group`` is not one of :data:`GROUPS`.
+    """
+    if group not in GROUPS:
+        raise OmniDraftError(f"tables: unknown group {group!r}; use one of {', '.join(GROUPS)}")
+    text = render(group, results)
+    out = results / group / "table.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out, text

@@ -128,3 +128,13 @@ def pair_llama2_llama3(llama3_tiny, llama2_tok, cache_dir):
 
 def eos_of(tok) -> set[int]:
     return {tok.eos_token_id} if tok.eos_token_id is not None else set()
+
+
+def one_error_line(proc, *needles):
+    """A CLI run that failed with exactly one ``omnidraft: error:`` line (containing ``needles``) and no traceback."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("omnidraft: error:")]
+    assert len(lines) == 1, proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]

@@ -10,9 +10,11 @@ import torch
 from conftest import PROMPTS
 
 from omnidraft.core.decode import generate
+from omnidraft.core.feedback import Proposal, StepFeedback
 from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
 from omnidraft.learn.draft_length import HeadPolicy, HeuristicK
+from omnidraft.learn.observers import step_observers, use_length_policy
 
 
 def _constant_head(hidden: int, p: float) -> AcceptanceHead:
@@ -44,11 +46,11 @@ def test_stop_rule_stops_where_the_product_crosses_gamma():
 
 def test_heuristic_schedule():
     h = HeuristicK(k_start=5, k_min=1, k_max=8)
-    h.observe(5, 5)
+    h.update(5, 5)
     assert h.k == 7
-    h.observe(7, 7)
+    h.update(7, 7)
     assert h.k == 8
-    h.observe(8, 2)
+    h.update(8, 2)
     assert h.k == 7 and h.max_len(3) == 3
 
 
@@ -94,12 +96,14 @@ def test_lossless_whatever_lengths_the_policy_picks(pair_llama2_qwen, policy):
     lengths = set()
     if policy == "head":
         learner = HeadLearner(AcceptanceHead(drafter.config.hidden_size), mode="interleaved", lr=1e-2)
-        d.set_length_policy(HeadPolicy(learner.head, gamma=0.6, k_max=8), learner)
+        use_length_policy(d, HeadPolicy(learner.head, gamma=0.6, k_max=8), learner)
+        obs = step_observers(d, policy=d.policy, head=learner)
     else:
-        d.set_length_policy(HeuristicK(k_start=2, k_max=8))
+        use_length_policy(d, HeuristicK(k_start=2, k_max=8))
+        obs = step_observers(d, policy=d.policy)
     for text in PROMPTS[:6]:
         ids = ttok.encode(text)
-        sd = generate(target, ids, drafter=d, k=8, max_new_tokens=20)
+        sd = generate(target, ids, drafter=d, k=8, max_new_tokens=20, observers=obs)
         assert sd.tokens == generate(target, ids, max_new_tokens=20).tokens
         lengths |= {s.proposed for s in sd.steps}
         if policy == "head":
@@ -126,9 +130,10 @@ def test_greedy_head_labels_follow_verification(pair_llama2_qwen, label):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     spy = _Spy(AcceptanceHead(drafter.config.hidden_size), mode="joint", label=label)
-    d.set_length_policy(HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    use_length_policy(d, HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    obs = step_observers(d, policy=d.policy, head=spy)
     for text in PROMPTS[:4]:
-        generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16)
+        generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16, observers=obs)
     pairs = [(y, float(a)) for labels, acc in spy.seen for y, a in zip(labels, acc)]
     assert pairs and any(a == 0 for _, a in pairs) and any(a == 1 for _, a in pairs)
     if label == "verify":
@@ -143,7 +148,14 @@ def test_a_verification_without_proposals_feeds_nothing(pair_llama2_qwen):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     spy = _Spy(AcceptanceHead(drafter.config.hidden_size), mode="joint")
-    d.set_length_policy(HeuristicK(k_start=4, k_max=8), spy)
+    use_length_policy(d, HeuristicK(k_start=4, k_max=8), spy)
+    obs = step_observers(d, policy=d.policy, head=spy)
+
+    def step(prop, new, n, rows):  # what the decode loop does after verifying
+        fb = StepFeedback(prop, rows, n, new, 0.0, d.commit(new, n))
+        for o in obs:
+            o.observe(fb)
+
     ids = ttok.encode(PROMPTS[1])
     d.start(ids)
     prop = d.propose(4, 0.0, None)
@@ -151,21 +163,21 @@ def test_a_verification_without_proposals_feeds_nothing(pair_llama2_qwen):
     n = 0
     while n < len(prop.ids) and int(logits[n].argmax()) == prop.ids[n]:
         n += 1
-    d.commit(prop.ids[:n] + [int(logits[n].argmax())], n, logits)
+    step(prop, prop.ids[:n] + [int(logits[n].argmax())], n, logits)
     k_after, n_seen = d.policy.k, len(spy.seen)
     assert n_seen == 1
-    d.commit([int(logits[n].argmax())], 0, logits[:1])  # a verification of the pending token alone
+    step(Proposal([]), [int(logits[n].argmax())], 0, logits[:1])  # a verification of the pending token alone
     assert d.policy.k == k_after and len(spy.seen) == n_seen
     for m in range(1, 8):  # and through the loop: a last step with budget 0 happens for some length
         before = len(spy.seen)
-        res = generate(target, ids, drafter=d, k=4, max_new_tokens=m)
+        res = generate(target, ids, drafter=d, k=4, max_new_tokens=m, observers=obs)
         assert len(spy.seen) - before == sum(1 for st in res.steps if st.proposed > 0)
 
 
 def test_constant_head_drafts_the_predicted_length(pair_llama2_qwen):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
-    d.set_length_policy(HeadPolicy(_constant_head(drafter.config.hidden_size, 0.8), gamma=0.5))
+    use_length_policy(d, HeadPolicy(_constant_head(drafter.config.hidden_size, 0.8), gamma=0.5))
     for text in PROMPTS[:5]:
         d.start(ttok.encode(text))
         d.propose(16, 0.0, None)
@@ -228,15 +240,15 @@ def test_warm_up_leaves_the_draft_length_state_as_it_was(pair_llama2_qwen, kind)
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     cls = DirectMapDrafter if kind == "spd_dm" else NgramDrafter
     d = cls(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
-    d.set_length_policy(HeuristicK(k_start=9, k_min=1, k_max=16))
+    use_length_policy(d, HeuristicK(k_start=9, k_min=1, k_max=16))
+    obs = step_observers(d, policy=d.policy)
     ids = ttok.encode(PROMPTS[0])
-    with d.paused():
-        generate(target, ids, drafter=d, k=16, max_new_tokens=12)
-        moved = d.policy.k  # the schedule does move while drafting...
-    assert moved != 9
-    assert d.policy.k == 9 and d.drafted_total == 0  # ...and is put back after the warm-up
-    generate(target, ids, drafter=d, k=16, max_new_tokens=12)
-    assert d.policy.k == moved and d.drafted_total > 0  # outside warm-up it moves as in the paused run
+    with d.paused():  # a warm-up: the loop runs without observers, the drafter's counters are put back
+        warm = generate(target, ids, drafter=d, k=16, max_new_tokens=12)
+    assert d.policy.k == 9 and d.drafted_total == 0  # the warm-up left the schedule and counters as they were
+    res = generate(target, ids, drafter=d, k=16, max_new_tokens=12, observers=obs)
+    assert warm.steps[0].proposed == res.steps[0].proposed  # the first step drafted the same either way
+    assert d.policy.k != 9 and d.drafted_total > 0  # outside warm-up the schedule moves
 
 
 def test_the_gamma_preset_follows_each_prompts_task(tmp_path):
@@ -277,10 +289,11 @@ def _joint_setup(pair, lr=1e-2):
     learner = OnlineLearner(drafter, bridge, lr=1e-3, weight_decay=0.0, batch_size=4)
     spy = _HiddenSpy(AcceptanceHead(drafter.config.hidden_size), mode="joint", lr=lr)
     learner.attach_head(spy)
-    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learner=learner)
-    d.set_length_policy(HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
+    use_length_policy(d, HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    obs = step_observers(d, policy=d.policy, head=spy, learner=learner)
     for text in PROMPTS[:3]:
-        generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16)
+        generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16, observers=obs)
     return drafter, learner, spy
 
 

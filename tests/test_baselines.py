@@ -16,6 +16,7 @@ from omnidraft.drafting.hf_assisted import HFAssisted
 from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.drafting.ngram_cache import Merged
 from omnidraft.drafting.prompt_lookup import PromptLookupDrafter
+from omnidraft.learn.observers import step_observers
 from omnidraft.learn.online import OnlineLearner
 
 N_NEW = 20
@@ -100,7 +101,7 @@ def _osd(pair):
     drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)
     learner = OnlineLearner(drafter, bridge, loss="fkl", positions="rejected", lam=0.0, lr=1e-3,
                             weight_decay=0.0, batch_size=4)
-    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, eos_of(ttok), learn=False, learner=learner)
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, eos_of(ttok), learn=False)
     return target, ttok, drafter, bridge, learner, d
 
 
@@ -135,7 +136,8 @@ def test_osd_greedy_stays_lossless_and_learns(pair_llama2_qwen):
     eos = eos_of(ttok)
     for i, text in enumerate(PROMPTS[:6]):
         ids = ttok.encode(text)
-        assert generate(target, ids, drafter=d, k=4, max_new_tokens=16, eos_ids=eos).tokens == \
+        assert generate(target, ids, drafter=d, k=4, max_new_tokens=16, eos_ids=eos,
+                        observers=step_observers(d, learner=learner)).tokens == \
             generate(target, ids, max_new_tokens=16, eos_ids=eos).tokens
         if i % 3 == 2:
             batch = list(learner.buffer)
@@ -220,8 +222,9 @@ def test_distillspec_without_a_checkpoint_or_on_its_training_prompts_is_refused(
 
 
 def test_bench_runs_every_method_in_one_process(tmp_path):
-    from omnidraft.bench import KEYS, run_bench
+    from omnidraft.bench import run_bench
     from omnidraft.distill_command import run_distill
+    from omnidraft.tables import BENCH_KEYS as KEYS
 
     run_distill(_cfg("distill", f"run_dir={tmp_path / 'd'}", "task.offset=2", "task.limit=2",
                      "distill.max_new_tokens=8", "progress=false"))
@@ -245,7 +248,7 @@ def test_bench_runs_every_method_in_one_process(tmp_path):
     assert set(on_disk) >= {"methods", "provenance"} and "| omnidraft |" in (tmp_path / "out" / "tiny.md").read_text()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * len(methods)
-    split = {r["method"]: (r["draft_s"], r["target_s"]) for r in rows}
+    split = {r["method"]: (r["sd/draft_s"], r["sd/target_s"]) for r in rows}
     assert split["ar"][1] > 0 and split["ar"][0] < 0.05 * split["ar"][1]  # ar proposes nothing
     assert split["spd_dm"][0] > split["ar"][0] and split["omnidraft"][0] > split["ar"][0]  # drafter time apart
 
@@ -254,14 +257,14 @@ def test_bench_task_overrides_pick_each_tasks_prompts(tmp_path):
     from omnidraft.bench import run_bench
     from omnidraft.data.tasks import load_stream
     from omnidraft.errors import OmniDraftError
-    from omnidraft.runner import _plain
+    from omnidraft.lifecycle import to_plain
 
     over = ("overrides=['debug=tiny']", f"run_dir={tmp_path / 'run'}", f"bench.out_dir={tmp_path / 'out'}",
             "bench.name=t", "bench.tasks=[synthetic]", "bench.limit=2", "decode.max_new_tokens=4",
             "bench.methods=[ar,pld]", "progress=false")
     res = run_bench(_cfg("bench", *over, "+bench.task_overrides.synthetic=['task.offset=3']"))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    task = _plain(_cfg("config", "task=synthetic", "task.offset=3", "task.limit=2").task)
+    task = to_plain(_cfg("config", "task=synthetic", "task.offset=3", "task.limit=2").task)
     want = [r.id for r in load_stream(task, tmp_path / "cache")]
     assert sorted({r["prompt/id"] for r in rows}) == sorted(want) and len(want) == 2
     assert res["task_overrides"]["synthetic"] == ["task.offset=3"]
@@ -383,7 +386,7 @@ def test_bench_resumes_from_its_checkpoint_like_an_uninterrupted_bench(tmp_path,
     monkeypatch.setattr(bench, "rss_gib", real)
     resumed = bench.run_bench(cfg("cut", "resume=true"))
     assert resumed["resumed_at"] == 2 and resumed["n_prompts"] == full["n_prompts"] == 5
-    keys = ("prompt/id", "new_tokens", "steps", "proposed", "accepted", "match_ar")
+    keys = ("prompt/id", "sd/new_tokens", "sd/steps", "sd/proposed", "sd/accepted", "lossless/match")
     rows = {n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("full", "cut")}
     assert [{k: r[k] for k in ("method", *keys)} for r in rows["full"]] == \
         [{k: r[k] for k in ("method", *keys)} for r in rows["cut"]]

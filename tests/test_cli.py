@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_error_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,15 +19,6 @@ def _cli(args, tmp_path, env_extra=None, timeout=300):
     env = dict(os.environ, HYDRA_FULL_ERROR="0", **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "omnidraft", f"hydra.run.dir={tmp_path}/run", *args],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
-
-
-def _one_error_line(proc, *needles):
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("omnidraft: error:")]
-    assert len(lines) == 1, proc.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_debug_tiny_writes_run_files(tmp_path):
@@ -52,23 +44,23 @@ def test_debug_tiny_writes_run_files(tmp_path):
     (["debug=tiny", "ablation=adaptive_joint", "method.draft_length.gamma_infer=0.5"], ["gamma_infer", "head_learn=false"]),
 ])
 def test_bad_overrides(tmp_path, args, needles):
-    _one_error_line(_cli(args, tmp_path), *needles)
+    one_error_line(_cli(args, tmp_path), *needles)
 
 
 def test_gguf_checksum_mismatch(tmp_path):
     bad = "0" * 64
     proc = _cli(["debug=tiny", "drafter=smollm2_135m", f"drafter.gguf.sha256={bad}"], tmp_path)
-    _one_error_line(proc, "checksum mismatch", bad)
+    one_error_line(proc, "checksum mismatch", bad)
 
 
 def test_hub_id_while_offline(tmp_path):
     proc = _cli(["debug=tiny", "drafter=llama_68m"], tmp_path, {"HF_HUB_OFFLINE": "1"})
-    _one_error_line(proc, "JackFram/llama-68m", "path=")
+    one_error_line(proc, "JackFram/llama-68m", "path=")
 
 
 def test_prompt_longer_than_context(tmp_path):
     proc = _cli(["debug=tiny", "target.max_context=40"], tmp_path)
-    _one_error_line(proc, "context of 40", "decode.max_new_tokens")
+    one_error_line(proc, "context of 40", "decode.max_new_tokens")
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -86,7 +78,7 @@ def test_subcommand_bad_input(tmp_path, args, needles):
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
     proc = subprocess.run([sys.executable, "-m", "omnidraft", *args, f"hydra.run.dir={tmp_path}/run"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
-    _one_error_line(proc, *needles)
+    one_error_line(proc, *needles)
 
 
 def test_sigterm_keeps_what_was_computed(tmp_path):

@@ -108,7 +108,7 @@ def test_resolve_dtypes_names_what_runs_here():
     """`auto` becomes this machine's concrete dtype before config.yaml and the resume fingerprint
     are written; an explicit dtype is kept."""
     from omnidraft.data.models import native_bf16
-    from omnidraft.runner import resolve_dtypes
+    from omnidraft.lifecycle import resolve_dtypes
 
     cfg = _compose(["target=qwen25_coder_15b", "drafter=smollm2_135m", "drafter.dtype=float16"])
     assert cfg.target.dtype == "auto"

@@ -6,15 +6,7 @@ import math
 
 import torch
 
-from omnidraft.learn.losses import (
-    forward_kl,
-    hybrid_loss,
-    jsd,
-    lifted_log_probs,
-    ngram_nll,
-    reverse_kl,
-    tvd,
-)
+from omnidraft.learn.losses import forward_kl, hybrid_loss, jsd, lifted_log_probs, ngram_nll, reverse_kl, tvd
 
 P = torch.tensor([[0.5, 0.3, 0.2]])
 Q = torch.tensor([[0.2, 0.2, 0.6]])

@@ -82,13 +82,14 @@ def test_ngram_drafter_is_lossless_and_learns(pair_llama2_qwen, k):
 
     from omnidraft.core.decode import generate
     from omnidraft.drafting.model_drafters import NgramDrafter
+    from omnidraft.learn.observers import step_observers
 
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     for text in PROMPTS[:12]:
         ids = ttok.encode(text)
         ar = generate(target, ids, max_new_tokens=24)
-        sd = generate(target, ids, drafter=d, k=k, max_new_tokens=24)
+        sd = generate(target, ids, drafter=d, k=k, max_new_tokens=24, observers=step_observers(d))
         assert sd.tokens == ar.tokens, text
     assert len(d.ngram) > 0
     for seq, t in d.ngram._by_seq.items():
@@ -108,24 +109,25 @@ def test_accepted_ngram_proposals_keep_greedy_output_identical(pair_llama2_qwen)
     for text in PROMPTS[:8]:
         ids = ttok.encode(text)
         d.start(ids)
-        drafts, _ = d._draft(2, 0.0, None)
+        drafts, *_ = d._draft(2, 0.0, None)
         t1 = generate(target, ids, max_new_tokens=1).tokens[0]
         if len(drafts) == 2 and d.ngram.get(drafts) is None and d.ngram.spelling(t1) is None:
             d.ngram.add(t1, drafts)
-    d._refresh_mask()
+    d.refresh_mask()
     assert len(d.ngram) >= 3
 
     accepted_ngrams = 0
-    orig_commit = d.commit
 
-    def commit(new_ids, n_accepted, target_logits=None):
-        nonlocal accepted_ngrams
-        accepted_ngrams += sum(m.is_ngram for m in d.last_merged[:n_accepted])
-        orig_commit(new_ids, n_accepted, target_logits)
+    class Count:  # an observer: accepted n-gram proposals per step
+        def start(self, prompt_ids):
+            pass
 
-    d.commit = commit  # count on this instance only
+        def observe(self, fb):
+            nonlocal accepted_ngrams
+            accepted_ngrams += sum(m.is_ngram for m in fb.proposal.spans[:fb.n_accepted])
+
     for text in PROMPTS[:8]:
         ids = ttok.encode(text)
-        assert generate(target, ids, drafter=d, k=4, max_new_tokens=12).tokens == \
+        assert generate(target, ids, drafter=d, k=4, max_new_tokens=12, observers=[Count()]).tokens == \
             generate(target, ids, max_new_tokens=12).tokens, text
     assert d.hits_total >= 3 and accepted_ngrams >= 3  # merged proposals were verified and accepted

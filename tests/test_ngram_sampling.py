@@ -11,6 +11,7 @@ from omnidraft.core.decode import generate
 from omnidraft.core.verify import lift_to_target
 from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.errors import OmniDraftError
+from omnidraft.learn.observers import step_observers
 
 TEMP = 0.3
 SHARP = 0.05  # the tiny drafter is flat: a low temperature makes samples revisit planted n-grams
@@ -21,7 +22,7 @@ def warm(pair_llama2_qwen):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, verify="paper")
     for text in PROMPTS[:12]:  # fill the cache greedily
-        generate(target, ttok.encode(text), drafter=d, k=4, max_new_tokens=24)
+        generate(target, ttok.encode(text), drafter=d, k=4, max_new_tokens=24, observers=step_observers(d))
     assert len(d.ngram) > 0
     return d
 
@@ -41,8 +42,8 @@ class Recorder:
         self.log.append((ctx, self.d.last_drafts, self.d.last_merged, prop))
         return prop
 
-    def commit(self, new, n, logits):
-        self.d.commit(new, n, logits)
+    def commit(self, new, n):
+        return self.d.commit(new, n)
 
 
 def _planted(pair, n_prompts=6):
@@ -54,13 +55,13 @@ def _planted(pair, n_prompts=6):
     spare = iter(range(target.config.vocab_size - 1, 0, -1))
     for text in PROMPTS[:n_prompts]:
         d.start(ttok.encode(text))
-        drafts, _ = d._draft(2, 0.0, None)
+        drafts, *_ = d._draft(2, 0.0, None)
         if len(drafts) == 2:
             t = t_by_bytes.get(bridge.draft_bytes[drafts[0]] + bridge.draft_bytes[drafts[1]])
             while t is None or d.ngram.spelling(t) is not None:
                 t = next(spare)
             d.ngram.add(t, drafts)
-    d._refresh_mask()
+    d.refresh_mask()
     return d
 
 
@@ -102,7 +103,7 @@ def test_paper_mode_samples_and_lossless_mode_refuses_sampling(pair_llama2_qwen,
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     ids = ttok.encode(PROMPTS[0])
     res = generate(target, ids, drafter=warm, k=4, max_new_tokens=16, temperature=TEMP,
-                   generator=torch.Generator().manual_seed(1))
+                   generator=torch.Generator().manual_seed(1), observers=step_observers(warm))
     assert res.n_new == 16 and 0 <= res.accepted <= res.proposed
     strict = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, verify="lossless")
     with pytest.raises(OmniDraftError, match="verify=paper"):
@@ -113,5 +114,5 @@ def test_paper_mode_at_temperature_zero_is_the_greedy_test(pair_llama2_qwen, war
     target, ttok, *_ = pair_llama2_qwen
     for text in PROMPTS[12:16]:
         ids = ttok.encode(text)
-        assert generate(target, ids, drafter=warm, k=4, max_new_tokens=16).tokens == \
+        assert generate(target, ids, drafter=warm, k=4, max_new_tokens=16, observers=step_observers(warm)).tokens == \
             generate(target, ids, max_new_tokens=16).tokens

@@ -8,6 +8,7 @@ from conftest import PROMPTS, aligned_drafter
 
 from omnidraft.core.decode import generate
 from omnidraft.drafting.model_drafters import NgramDrafter
+from omnidraft.learn.observers import step_observers
 from omnidraft.learn.online import OnlineLearner
 
 
@@ -15,7 +16,7 @@ def _setup(pair_llama2_qwen, loss="kl_nll"):
     target, ttok, drafter0, dtok, bridge = pair_llama2_qwen
     drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)  # own copy: it trains
     learner = OnlineLearner(drafter, bridge, lam=0.2, lr=1e-3, weight_decay=0.0, batch_size=4, loss=loss)
-    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learner=learner)
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     return target, ttok, drafter, d, learner
 
 
@@ -26,7 +27,7 @@ def test_update_lowers_hybrid_loss_and_never_touches_target(pair_llama2_qwen, lo
     drafter_before = {k: v.clone() for k, v in drafter.state_dict().items()}
     for text in PROMPTS[:4]:
         ar = generate(target, ttok.encode(text), max_new_tokens=16)
-        sd = generate(target, ttok.encode(text), drafter=d, k=4, max_new_tokens=16)
+        sd = generate(target, ttok.encode(text), drafter=d, observers=step_observers(d, learner=learner), k=4, max_new_tokens=16)
         assert sd.tokens == ar.tokens  # lossless while recording
     batch = list(learner.buffer)
     assert batch and any(ex.dm_pos for ex in batch)
@@ -56,7 +57,7 @@ def test_greedy_stays_lossless_while_training(pair_llama2_qwen):
     target, ttok, drafter, d, learner = _setup(pair_llama2_qwen)
     for i, text in enumerate(PROMPTS[:8]):
         ids = ttok.encode(text)
-        assert generate(target, ids, drafter=d, k=3, max_new_tokens=16).tokens == \
+        assert generate(target, ids, drafter=d, observers=step_observers(d, learner=learner), k=3, max_new_tokens=16).tokens == \
             generate(target, ids, max_new_tokens=16).tokens
         if i % 2 == 1:
             learner.update()
@@ -74,10 +75,10 @@ def test_lora_update_trains_only_adapters_and_serves_them_merged(pair_llama2_qwe
     assert learner.master and all("lora_" in n for n in learner.names) and not learner.params
     assert not any("lora_" in n for n, _ in model.named_parameters())  # served drafter: plain
     train_base = {n: p.clone() for n, p in learner.train_model.named_parameters() if "lora_" not in n}
-    d = NgramDrafter(model, dtok, bridge, target.config.vocab_size, learner=learner)
+    d = NgramDrafter(model, dtok, bridge, target.config.vocab_size)
     for text in PROMPTS[:3]:
         ids = ttok.encode(text)
-        assert generate(target, ids, drafter=d, k=3, max_new_tokens=12).tokens == \
+        assert generate(target, ids, drafter=d, observers=step_observers(d, learner=learner), k=3, max_new_tokens=12).tokens == \
             generate(target, ids, max_new_tokens=12).tokens
     batch = list(learner.buffer)
     with torch.no_grad():
@@ -120,9 +121,9 @@ def test_context_grad_variant_and_master_weights(pair_llama2_qwen):
         model = aligned_drafter(target, bridge, len(dtok), seed=13, noise=0.2).to(dtype)
         lr = 1e-3 if dtype == torch.float32 else 1e-5
         learner = OnlineLearner(model, bridge, lr=lr, weight_decay=0.0, batch_size=4, context_grad=context_grad)
-        d = NgramDrafter(model, dtok, bridge, target.config.vocab_size, learner=learner)
+        d = NgramDrafter(model, dtok, bridge, target.config.vocab_size)
         for text in PROMPTS[:3]:
-            generate(target, ttok.encode(text), drafter=d, k=3, max_new_tokens=12)
+            generate(target, ttok.encode(text), drafter=d, observers=step_observers(d, learner=learner), k=3, max_new_tokens=12)
         batch = list(learner.buffer)
         w0 = [p.clone() for p in learner.params]
         with torch.no_grad():
@@ -145,9 +146,9 @@ def test_tree_attention_pass_equals_one_pass_per_example(pair, request):
     drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)
     learner = OnlineLearner(drafter, bridge, lr=1e-3, weight_decay=0.0, batch_size=8)
     assert learner.tree  # llama and qwen2 take the tree path
-    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, learner=learner)
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     for text in PROMPTS[:3]:
-        generate(target, ttok.encode(text), drafter=d, k=4, max_new_tokens=24)
+        generate(target, ttok.encode(text), drafter=d, observers=step_observers(d, learner=learner), k=4, max_new_tokens=24)
     batch = list(learner.buffer)
     assert len({ex.seq for ex in batch}) == 3 and len(batch) > 6
     # several examples of one sequence whose contexts part from the longest one before its end

@@ -1,23 +1,18 @@
-"""experiments/make_tables.py: the numbers in results/*/table.md are the arithmetic it claims."""
+"""omnidraft.tables: the numbers in results/*/table.md are the arithmetic it claims, committed
+tables regenerate from committed results unchanged, and bench rows of every age read alike."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "make_tables.py"
+from omnidraft import tables
+from omnidraft.core.decode import GenerationResult, StepRecord
 
-
-@pytest.fixture()
-def mt(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("make_tables", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "ROOT", tmp_path)  # results/ read from a tree this test writes
-    return mod
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _row(i: int, accepted: int, proposed: int, steps: int, new: int, wall: float, ar_wall: float | None = None,
@@ -41,47 +36,106 @@ def _write(root: Path, group: str, name: str, rows: list[dict], summary: dict | 
     return d
 
 
-def test_gains_compare_the_same_prompts_so_difficulty_cancels(mt):
+def test_gains_compare_the_same_prompts_so_difficulty_cancels():
     # reference: easy first half (0.8), hard second half (0.4); run: +0.1 on every prompt, in another order
     ref = [_row(i, 8 if i < 4 else 4, 10, 2, 10, 1.0) for i in range(8)]
     run = [_row(i, 9 if i < 4 else 5, 10, 2, 10, 1.0) for i in range(8)]
-    first, last = mt.gains(run, ref, window=4)
+    first, last = tables.gains(run, ref, window=4)
     assert first == pytest.approx(0.1) and last == pytest.approx(0.1)
-    first, last = mt.gains(run, ref[:4], window=4)  # reference lacks the last window's prompts
+    first, last = tables.gains(run, ref[:4], window=4)  # reference lacks the last window's prompts
     assert first == pytest.approx(0.1) and last is None
 
 
-def test_unfinished_run_is_resummarised_from_its_rows_and_marked_partial(mt, tmp_path):
+def test_unfinished_run_is_resummarised_from_its_rows_and_marked_partial(tmp_path):
     rows = [_row(i, 6, 10, 2, 8, 2.0) for i in range(4)]
     stale = {"status": "failed: KeyboardInterrupt", "n_prompts": 2, "accept/rate": 0.123}
-    s, partial = mt.load(_write(tmp_path, "adaptive", "sv_joint", rows, stale))
+    s, partial = tables.run_summary(_write(tmp_path, "adaptive", "sv_joint", rows, stale))
     assert partial and s["n_prompts"] == 4 and s["accept/rate"] == pytest.approx(0.6)
     done = {"status": "ok", "n_prompts": 4, "accept/rate": 0.6}
-    s, partial = mt.load(_write(tmp_path, "adaptive", "sv_fixed", rows, done))
+    s, partial = tables.run_summary(_write(tmp_path, "adaptive", "sv_fixed", rows, done))
     assert not partial and s is not None
 
 
-def test_blocks_sum_over_the_block_and_time_only_prompts_that_ran_ar(mt, tmp_path):
+def test_blocks_sum_over_the_block_and_time_only_prompts_that_ran_ar(tmp_path):
     rows = [_row(0, 6, 10, 2, 8, 2.0, ar_wall=4.0, draft_len=5.0),  # sd 4 tok/s, ar 2 tok/s
             _row(1, 2, 10, 2, 4, 9.0, draft_len=5.0),               # no ar: not in the speedup
             _row(2, 9, 10, 1, 9, 1.0, ar_wall=9.0, draft_len=10.0)]  # second block
     _write(tmp_path, "adaptive", "sv_fixed", rows)
-    text = mt.blocks("adaptive", size=2)
+    text = tables.blocks("adaptive", tmp_path / "results", size=2)
     # block 0-1: acceptance 8/20, 12 tokens / 4 steps, drafted (5*2+5*2)/4, speedup (8/2)/(8/4)
     assert "| 0-1 | 0.400 / 3.00 / 5.00 / 2.00 |" in text
     assert "| 2-3 | 0.900 / 9.00 / 10.00 / 9.00 (1) |" in text
 
 
-def test_table_lists_every_run_and_marks_missing_ones(mt, tmp_path):
+def test_table_lists_every_run_and_marks_missing_ones(tmp_path):
     rows = [_row(i, 7, 10, 2, 8, 2.0, ar_wall=4.0, draft_len=5.0) for i in range(4)]
-    from omnidraft.tables import summarise
-
-    _write(tmp_path, "adaptive", "sv_fixed", rows, {"status": "ok", **summarise(rows, True, 50)})
+    _write(tmp_path, "adaptive", "sv_fixed", rows, {"status": "ok", **tables.summarise(rows, True, 50)})
     _write(tmp_path, "adaptive", "sv_joint", rows)  # rows only: a stream still running
-    text = mt.table("adaptive")
+    text = tables.stream_table("adaptive", tmp_path / "results")
     lines = {ln.split(" | ")[0].strip("| "): ln for ln in text.splitlines()[2:]}
     assert set(lines) == {"sv_fixed", "sv_joint (partial)", "sv_heuristic", "sv_interleaved", "omnidraft", "xv_joint"}
     assert "not run" in lines["sv_heuristic"] and "not run" in lines["omnidraft"]
     cells = [c.strip() for c in lines["sv_fixed"].strip("|").split("|")]
     assert cells[1:3] == ["4", "0.700"] and cells[6] == "2.00"  # prompts, acc, ..., speedup
     assert cells[-5:-2] == ["sv_fixed", "+0.000", "+0.000"]  # its own reference: zero gain
+
+
+@pytest.mark.parametrize("group", tables.GROUPS)
+def test_committed_tables_regenerate_from_committed_results_unchanged(group):
+    committed = ROOT / "results" / group / "table.md"
+    assert tables.render(group, ROOT / "results") == committed.read_text()
+
+
+def _generation(tokens: list[int], steps: list[tuple[int, int, int]], wall: float) -> GenerationResult:
+    return GenerationResult(tokens=tokens, steps=[StepRecord(p, a, e, 0.01 * p, 0.1) for p, a, e in steps],
+                            wall_s=wall, prefill_s=0.05)
+
+
+def test_bench_rows_of_every_age_read_alike():
+    ar = _generation([1, 2, 3, 4], [(0, 0, 1)] * 4, wall=2.0)
+    sd = _generation([1, 2, 3, 5], [(3, 2, 3), (2, 0, 1)], wall=1.0)
+    new = tables.bench_row("spd_dm", "gsm8k", "7", 0, sd, ar, forward_s=0.8, rss_gib=1.5,
+                           update={"adapt/update_s": 0.3, "adapt/loss": 1.0})
+    assert set(tables.prompt_row(sd, ar)) <= set(new)  # a bench row is a stream row plus the bench's keys
+    # the same generation as benches wrote it before the shared schema
+    legacy = {"method": "spd_dm", "task": "gsm8k", "prompt/id": "7", "prompt/index": 0, "new_tokens": 4,
+              "wall_s": 1.0, "steps": 2, "proposed": 5, "accepted": 2, "forward_s": 0.8, "draft_s": sd.draft_s,
+              "target_s": sd.target_s, "ar_new_tokens": 4, "ar_wall_s": 2.0, "speedup": 2.0, "match_ar": False,
+              "rss_gib": 1.5, "adapt_s": 0.3}
+    read = tables.normalise_row(legacy)
+    assert set(read) <= set(new) and all(read[k] == new[k] for k in read)
+    assert "adapt/update_s" not in tables.normalise_row({**legacy, "adapt_s": 0.0})  # no update ran
+    assert tables.normalise_row(new) == new
+    a = tables.bench_summary([new])
+    assert a == tables.bench_summary([legacy])
+    assert set(tables.BENCH_KEYS) <= set(a)
+    assert a["accept/rate"] == pytest.approx(0.4) and a["accept/mean_len"] == 2.0 and a["speed/speedup"] == 2.0
+    assert a["lossless/match_rate"] == 0.0 and a["overhead/share"] == pytest.approx(0.2)
+    assert a["time/adapt_s"] == 0.3 and a["time/steps"] == 2 and a["new_tokens"] == 4
+
+
+def test_bench_summary_is_summarise_over_the_same_rows():
+    ar = _generation([1, 2, 3, 4], [(0, 0, 1)] * 4, wall=2.0)
+    rows = [tables.bench_row("pld", "t", str(i), i, _generation([1, 2, 3, 4], [(3, i, i + 1)] * 2, wall=1.0 + i),
+                             ar, forward_s=None, rss_gib=1.0, update={}) for i in range(3)]
+    a, s = tables.bench_summary(rows), tables.summarise(rows, True)
+    assert a["speed/tok_per_s"] == s["speed/sd_tok_per_s_all"] and a["speed/speedup"] == s["speed/speedup"]
+    assert a["accept/rate"] == s["accept/rate"] and a["lossless/match_rate"] == s["lossless/match_rate"]
+    assert a["overhead/share"] is None and a["time/forward_s"] is None  # not profiled
+    assert a["time/adapt_s"] == 0.0 and isinstance(a["time/adapt_s"], float)
+
+
+def test_tables_command_writes_the_table(tmp_path, monkeypatch, capsys):
+    from omnidraft import cli
+
+    rows = [_row(i, 7, 10, 2, 8, 2.0, ar_wall=4.0, draft_len=5.0) for i in range(4)]
+    _write(tmp_path, "core", "spd_dm", rows, {"status": "ok", **tables.summarise(rows, True, 50)})
+    monkeypatch.setattr(sys, "argv", ["omnidraft", "tables", "core", "--results", str(tmp_path / "results")])
+    cli.main()
+    text = (tmp_path / "results" / "core" / "table.md").read_text()
+    assert text == tables.render("core", tmp_path / "results") and "| spd_dm | 4 |" in text
+    assert text in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["omnidraft", "tables", "nope", "--results", str(tmp_path / "results")])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 2 and "omnidraft: error: tables: unknown group 'nope'" in capsys.readouterr().err

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from omnidraft.drafting.direct_map import (
-    Retokenizer,
-    build_bridge,
-    token_bytes_table,
-    tokenizer_kind,
-)
+from omnidraft.drafting.direct_map import Retokenizer, build_bridge, token_bytes_table, tokenizer_kind
 from omnidraft.drafting.model_drafters import DirectMapDrafter
 
 

@@ -1,4 +1,10 @@
-"""The one speculative decoding loop. Every method and baseline runs through :func:`generate`.
+"""The one speculative decoding loop: every method of this package runs through :func:`generate`
+(transformers' own ``generate`` runs only for the baselines that exist to measure it, ``uag``,
+``uag_k5`` and ``hf_ar``: :mod:`omnidraft.drafting.hf_assisted`).
+
+One step: the drafter proposes -> the verifier checks (:mod:`omnidraft.core.verifiers`: the live
+target, or another verifier behind the same seam) -> the drafter syncs its context to the emitted
+tokens -> every observer gets the step's feedback (:mod:`omnidraft.core.feedback`).
 
 ``ar`` is the same loop with no drafter (zero proposals per step), so plain and speculative
 decoding share the prefill, the target call, the token counting and the timing. This module imports
@@ -9,40 +15,31 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
-from omnidraft.core import kv
-from omnidraft.core.verify import greedy_verify, probs, sample_verify
+from omnidraft.core.feedback import Observer, Proposal, StepFeedback, TextSync
+from omnidraft.core.verifiers import Verifier, as_verifier
 
-
-@dataclass
-class Proposal:
-    """What a drafter proposes for one step.
-
-    Attributes:
-        ids: m proposed target-token ids.
-        q: (m, V_t) drafter probabilities in target space (sampling only), else None.
-    """
-
-    ids: list[int]
-    q: torch.Tensor | None = None
+__all__ = ["Drafter", "GenerationResult", "Proposal", "StepRecord", "generate"]
 
 
 class Drafter(Protocol):
-    """A drafting strategy: a model drafter, an n-gram drafter, ...
+    """A drafting strategy: a model drafter, an n-gram drafter, prompt lookup, ...
 
-    ``start`` receives the prompt, ``propose`` returns up to k target tokens, ``commit`` receives
-    the tokens the target emitted this step (accepted proposals + the correction/bonus token) and
-    the verification logits (m+1, V_t) already computed, which online learners use as targets.
+    ``start`` receives the prompt, ``propose`` returns up to k target tokens (with its drafting
+    record, :class:`omnidraft.core.feedback.Proposal`), ``commit`` receives the tokens the target
+    emitted this step (accepted proposals + the correction/bonus token) and keeps the drafter's
+    context in sync; it returns the re-tokenisation record (:class:`TextSync`) when the drafter
+    has its own vocabulary and the text lines up, else None. Drafters draft; observers learn.
     """
 
     def start(self, prompt_ids: list[int]) -> None: ...
 
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal: ...
 
-    def commit(self, new_ids: list[int], n_accepted: int, target_logits: torch.Tensor) -> None: ...
+    def commit(self, new_ids: list[int], n_accepted: int) -> TextSync | None: ...
 
 
 @dataclass
@@ -91,30 +88,32 @@ class GenerationResult:
 
 def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k: int = 5,
              max_new_tokens: int = 128, eos_ids: set[int] | frozenset = frozenset(),
-             temperature: float = 0.0, generator: torch.Generator | None = None) -> GenerationResult:
-    """Decode up to ``max_new_tokens`` after ``prompt_ids`` with the target model.
+             temperature: float = 0.0, generator: torch.Generator | None = None,
+             observers: Sequence[Observer] = ()) -> GenerationResult:
+    """Decode up to ``max_new_tokens`` after ``prompt_ids``.
 
-    Each step feeds the pending token plus the drafter's m <= k proposals to the target in one
-    forward pass, verifies them (greedy argmax match at temperature 0, else standard speculative
-    sampling), emits accepted + one more token, and crops the target KV cache to what was kept.
+    Each step feeds the pending token plus the drafter's m <= k proposals to the verifier, which
+    accepts a prefix (greedy argmax match at temperature 0, else standard speculative sampling);
+    the step emits accepted + one more token.
 
     Args:
-        target: a causal LM (transformers, public forward with ``past_key_values``).
+        target: a :class:`Verifier`, or a causal LM (verified live: :class:`LiveVerifier`).
         prompt_ids: the prompt in target ids (chat template already applied), length >= 1.
         drafter: a Drafter, or None for plain autoregressive decoding.
         k: draft length per step.
         temperature: 0 for greedy, else sampling temperature for both models.
         generator: explicit randomness for sampling.
+        observers: learn from every step's :class:`StepFeedback`, in this order.
     """
     assert prompt_ids, "empty prompt"
-    greedy = temperature <= 0
+    verifier: Verifier = as_verifier(target)
     t_start = time.perf_counter()
-    cache = kv.new_cache(target)
-    if len(prompt_ids) > 1:
-        kv.forward(target, prompt_ids[:-1], cache, keep=1)
+    verifier.start(prompt_ids)
     pending = prompt_ids[-1]
     if drafter is not None:
         drafter.start(prompt_ids)
+        for o in observers:
+            o.start(prompt_ids)
     res = GenerationResult(tokens=[])
     res.prefill_s = time.perf_counter() - t_start
     out = res.tokens
@@ -124,14 +123,8 @@ def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k
         prop = drafter.propose(budget, temperature, generator) if drafter is not None and budget > 0 \
             else Proposal([])
         t1 = time.perf_counter()
-        m = len(prop.ids)
-        logits = kv.forward(target, [pending] + prop.ids, cache)
-        if greedy:
-            n, nxt = greedy_verify(logits, prop.ids)
-        else:
-            n, nxt = sample_verify(probs(logits, temperature).cpu(), prop.q,
-                                   torch.tensor(prop.ids, dtype=torch.long), generator)
-        kv.crop_to(cache, kv.cache_len(cache) - (m - n))
+        verdict = verifier.verify(pending, prop, temperature, generator)
+        n, nxt = verdict.n_accepted, verdict.next_token
         t2 = time.perf_counter()
         new = prop.ids[:n] + [nxt]
         stop_at = next((i for i, t in enumerate(new) if t in eos_ids), None)
@@ -141,9 +134,13 @@ def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k
         out.extend(new)
         pending = nxt
         if drafter is not None:
-            drafter.commit(new, n, logits)
+            sync = drafter.commit(new, n)
+            if observers:
+                fb = StepFeedback(prop, verdict.rows, n, new, temperature, sync)
+                for o in observers:
+                    o.observe(fb)
         t3 = time.perf_counter()
-        res.steps.append(StepRecord(m, n, len(new), (t1 - t0) + (t3 - t2), t2 - t1))
+        res.steps.append(StepRecord(len(prop.ids), n, len(new), (t1 - t0) + (t3 - t2), t2 - t1))
         if stop_at is not None:
             res.stop = "eos"
             break

@@ -1,14 +1,20 @@
-"""Drafting strategies behind the :class:`omnidraft.core.decode.Drafter` interface.
+"""Model drafters behind the :class:`omnidraft.core.decode.Drafter` interface.
 
 - :class:`SameVocabDrafter`: a small LM sharing the target's tokenizer (standard SD).
 - :class:`DirectMapDrafter`: a small LM with its own tokenizer, drafting only tokens that map
   directly into the target vocabulary (SpD_DM / TLI). Its context is kept in sync with the
   target's accepted text by re-tokenising only the changed suffix.
-- :class:`NgramDrafter`: DirectMapDrafter + the online n-gram cache (greedy for now).
+- :class:`NgramDrafter`: DirectMapDrafter + the online n-gram cache: drafter tokens merge into
+  cached n-gram target tokens (the cache is filled by an observer,
+  :class:`omnidraft.learn.ngram_builder.NgramCacheBuilder`).
 
 Prompt lookup (model-free) is in :mod:`omnidraft.drafting.prompt_lookup`.
 
-Both keep their own KV cache and crop it to the longest common prefix with the new context.
+They keep their own KV cache and crop it to the longest common prefix with the new context.
+Drafters only draft: each proposal carries the record of how it was drafted (context, drafter
+tokens, their spans, and on request hidden states and token probabilities), which the decode loop
+hands to the observers that learn (online distillation, acceptance head, draft-length policy,
+n-gram cache builder). No drafter imports a learner.
 """
 
 from __future__ import annotations
@@ -18,13 +24,13 @@ from contextlib import contextmanager
 
 import torch
 
+from omnidraft.choices import VERIFY_RULES
 from omnidraft.core import kv
-from omnidraft.core.decode import Proposal
+from omnidraft.core.feedback import Proposal, Span, TextSync
 from omnidraft.core.verify import lift_to_target, probs
 from omnidraft.drafting.direct_map import Retokenizer, VocabBridge
-from omnidraft.drafting.ngram_cache import NgramCache, alignments
+from omnidraft.drafting.ngram_cache import NgramCache
 from omnidraft.errors import OmniDraftError
-from omnidraft.learn.draft_length import FixedK
 
 
 def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
@@ -35,8 +41,32 @@ def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
     return i
 
 
+class FixedLength:
+    """The default draft length: always the step's budget. The interface a draft-length policy
+    offers the drafter (:mod:`omnidraft.learn.draft_length` adds the observing side)."""
+
+    needs_hidden = False
+
+    def max_len(self, budget: int) -> int:
+        return budget
+
+    def begin(self) -> None:
+        pass
+
+    def keep_going(self, hidden) -> bool:
+        return True
+
+
 class _ModelDrafter:
-    """Autoregressive drafting with a KV cache; subclasses define the vocabulary mapping."""
+    """Autoregressive drafting with a KV cache; subclasses define the vocabulary mapping.
+
+    Attributes set by the session (what the observers need recorded):
+        policy: the draft-length policy consulted while drafting (``max_len``, ``begin``,
+            ``keep_going(hidden)``); fixed k by default.
+        record_hidden: record the last-layer hidden state of every drafted token (acceptance head).
+        token_probs: None, or 'verify' / 't1': record each drafted token's probability at the
+            verification temperature / at T=1 (acceptance-head labels; nothing at greedy 'verify').
+    """
 
     def __init__(self, model, target_eos: set[int] = frozenset(), *, allowed: torch.Tensor | None = None):
         self.model = model
@@ -46,14 +76,10 @@ class _ModelDrafter:
         self.cached: list[int] = []  # tokens whose keys/values are in self.cache
         self.cache = None
         self._mask_add = None
-        self.policy = FixedK()  # draft-length policy (omnidraft.learn.draft_length)
-        self.head_learner = None  # trains the acceptance head from verification results
+        self.policy = FixedLength()
+        self.record_hidden = False
+        self.token_probs: str | None = None
         self.last_drafts: list[int] = []
-        self._hidden: list[torch.Tensor] = []
-        self._q_tok: list[float] = []
-        self._label_t = 1.0  # temperature of the head's labels in the current step
-        self._prop_ids: list[int] = []
-        self._head_step: tuple[list[tuple[int, int]], list[float]] | None = None  # last step's (spans, labels)
         self.drafted_total = 0
         if allowed is not None:
             v = model.get_output_embeddings().weight.shape[0]
@@ -87,41 +113,34 @@ class _ModelDrafter:
 
     @contextmanager
     def paused(self):
-        """Draft without training the acceptance head, moving the draft-length policy or the
-        counters (warm-up): everything the stream's state holds is as before afterwards."""
-        saved = (self.head_learner, self.policy.state_dict(), self.drafted_total)
-        self.head_learner = None
+        """Draft without moving the counters (warm-up): the stream's statistics are as before afterwards."""
+        saved = self.drafted_total
         try:
             yield self
         finally:
-            self.head_learner, pol, self.drafted_total = saved
-            self.policy.load_state_dict(pol)
-
-    def set_length_policy(self, policy, head_learner=None) -> None:
-        """Use ``policy`` (FixedK / HeuristicK / HeadPolicy) and optionally train its head."""
-        self.policy, self.head_learner = policy, head_learner
+            self.drafted_total = saved
 
     @torch.no_grad()
     def _draft(self, k: int, temperature: float, generator: torch.Generator | None
-               ) -> tuple[list[int], list[torch.Tensor]]:
-        """Up to k drafter tokens (greedy or sampled, under the mask) and their drafter-space
-        distributions (sampling only). Stops after a token that maps to a target EOS, or where the
-        draft-length policy says so."""
+               ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor], list[float] | None]:
+        """Up to k drafter tokens (greedy or sampled, under the mask), their drafter-space
+        distributions (sampling only), hidden states and token probabilities (when recorded).
+        Stops after a token that maps to a target EOS, or where the draft-length policy says so."""
         self._sync_cache()
         feed = self.ids[len(self.cached):]
         drafts: list[int] = []
         qs: list[torch.Tensor] = []
-        want_hidden = self.policy.needs_hidden or self.head_learner is not None
-        self._hidden, self._q_tok = [], []
+        hidden: list[torch.Tensor] = []
+        want_hidden = self.policy.needs_hidden or self.record_hidden
         # the head's labels follow the verification temperature ('verify') or T=1 ('t1')
-        label_t = 1.0 if self.head_learner is None or self.head_learner.label == "t1" else temperature
-        self._label_t = label_t
+        label_t = 1.0 if self.token_probs == "t1" else temperature
+        tok_p: list[float] | None = [] if self.token_probs is not None and label_t > 0 else None
         self.policy.begin()
         for _ in range(self.policy.max_len(k)):
             if want_hidden:
                 logits, h = kv.forward_hidden(self.model, feed, self.cache)
                 logits = logits.float()
-                self._hidden.append(h.float())
+                hidden.append(h.float())
             else:
                 logits, h = kv.forward(self.model, feed, self.cache, keep=1)[-1].float(), None
             self.cached.extend(feed)
@@ -133,8 +152,8 @@ class _ModelDrafter:
                 qd = probs(logits, temperature).cpu()
                 d = int(torch.multinomial(qd, 1, generator=generator))
                 qs.append(qd)
-            if self.head_learner is not None and label_t > 0:
-                self._q_tok.append(float(qd[d]) if label_t == temperature else float(torch.softmax(logits, -1)[d]))
+            if tok_p is not None:
+                tok_p.append(float(qd[d]) if label_t == temperature else float(torch.softmax(logits, -1)[d]))
             drafts.append(d)
             if self._to_target(d) in self.target_eos or not self.policy.keep_going(h):
                 break
@@ -142,50 +161,19 @@ class _ModelDrafter:
         self._stable = len(self.ids)
         self.last_drafts = drafts
         self.drafted_total += len(drafts)
-        return drafts, qs
+        return drafts, qs, hidden, tok_p
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters (the runner logs per-prompt differences)."""
         return {"draft/tokens": self.drafted_total}
 
-    def _groups(self) -> list[tuple[int, int]]:
-        """Drafter-token span of each target proposal of the last step (one token each here)."""
-        return [(i, i + 1) for i in range(len(self._prop_ids))]
-
-    def _after_verify(self, n_accepted: int, target_logits) -> None:
-        """Feed the draft-length policy and the head learner with this step's verification.
-
-        Labels are min(1, p_T(y) / q_T(y)) at the label temperature T (q of a merged n-gram: the
-        product of its sub-tokens'); at T=0 that is its limit, 1 when y is the target's argmax
-        (exactly greedy verification's accept) and 0 otherwise. A step's proposal is consumed
-        here: a verification with nothing proposed (the loop's last one-token step) sees m = 0."""
-        m, prop, hidden = len(self._prop_ids), self._prop_ids, self._hidden
-        self._prop_ids, self._hidden, self._head_step = [], [], None
-        self.policy.observe(m, n_accepted)
-        if self.head_learner is None or target_logits is None or not m or not hidden:
-            return
-        groups = self._groups()[: min(m, n_accepted + 1)]  # up to and including the first rejection
-        rows = target_logits[: len(groups)].float()
-        if self._label_t <= 0:
-            top = rows.argmax(-1).tolist()
-            labels = [float(top[i] == prop[i]) for i in range(len(groups))]
-        else:
-            p = torch.softmax(rows / self._label_t, -1)
-            labels = []
-            for i, (s, e) in enumerate(groups):
-                q = 1.0
-                for j in range(s, e):
-                    q *= self._q_tok[j]
-                labels.append(min(1.0, float(p[i, prop[i]]) / max(q, 1e-12)))
-        self._head_step = (groups, labels)  # for a learner that trains the head jointly
-        self.head_learner.record(torch.stack(hidden), groups, labels,
-                                 [i < n_accepted for i in range(len(groups))])
-
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
-        drafts, qs = self._draft(k, temperature, generator)
+        ctx = list(self.ids)
+        drafts, qs, hidden, tok_p = self._draft(k, temperature, generator)
         q = torch.stack([self._lift(x) for x in qs]) if qs else None
-        self._prop_ids = [self._to_target(d) for d in drafts]
-        return Proposal(list(self._prop_ids), q)
+        spans = [Span(self._to_target(d), i, i + 1) for i, d in enumerate(drafts)]
+        return Proposal([s.target_id for s in spans], q, ctx, drafts, spans,
+                        torch.stack(hidden) if hidden else None, tok_p)
 
 
 class SameVocabDrafter(_ModelDrafter):
@@ -201,8 +189,7 @@ class SameVocabDrafter(_ModelDrafter):
     def start(self, prompt_ids: list[int]) -> None:
         self._reset(prompt_ids)
 
-    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
-        self._after_verify(n_accepted, target_logits)
+    def commit(self, new_ids: list[int], n_accepted: int) -> None:
         self.ids.extend(new_ids)
 
     def _to_target(self, d: int) -> int:
@@ -249,12 +236,16 @@ class DirectMapDrafter(_ModelDrafter):
         self.n_prompt = len(d_prompt)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
-        """Append the target's new text: re-tokenise the last few drafter tokens + the new text."""
-        self._after_verify(n_accepted, target_logits)
+    def commit(self, new_ids: list[int], n_accepted: int) -> TextSync | None:
+        """Append the target's new text: re-tokenise the last few drafter tokens + the new text.
+
+        Returns the re-tokenised segment when it spells (already-synced tail + exactly the new
+        tokens' bytes), so observers can align drafter and target tokens; None when the text does
+        not line up byte for byte (a UTF-8 character split across steps)."""
+        pending_before = self._utf8.getstate()[0]
         text = self._utf8.decode(self.bridge.target_text_bytes(new_ids))
         if not text:
-            return  # an incomplete UTF-8 sequence: wait for the rest
+            return None  # an incomplete UTF-8 sequence: wait for the rest
         r = min(self.lookbehind, len(self.ids) - self.n_prompt)
         head = self.ids[: len(self.ids) - r]
         tail_bytes = self.retok.spelled(self.ids[len(self.ids) - r:]) if r else b""
@@ -263,6 +254,11 @@ class DirectMapDrafter(_ModelDrafter):
             head, tail_text = self.ids, ""
         self._stable = len(head)
         self.ids = head + self.retok.encode(tail_text + text)
+        if pending_before or self._utf8.getstate()[0]:
+            return None
+        seg = self.ids[self._stable:]
+        offset = len(self.retok.spelled(seg)) - len(self.bridge.target_text_bytes(new_ids))
+        return TextSync(seg, offset) if offset >= 0 else None
 
     def _to_target(self, d: int) -> int:
         return self.bridge.to_target(d)
@@ -275,9 +271,10 @@ class NgramDrafter(DirectMapDrafter):
     """Cross-vocabulary drafter with the online n-gram cache (OmniDraft's drafting side).
 
     The drafter may propose directly mapped tokens and the sub-tokens of cached n-grams; its k
-    drafter tokens are merged (longest match) into m <= k target proposals. After each step the
-    accepted target text is re-tokenised in context (the sync of DirectMapDrafter) and every target
-    token spelled by >= 2 drafter tokens is added to the cache.
+    drafter tokens are merged (longest match) into m <= k target proposals. The cache is filled by
+    an observer (:class:`omnidraft.learn.ngram_builder.NgramCacheBuilder`: every accepted target
+    token spelled by >= 2 drafter tokens in context), which tells the drafter what it may now draft
+    (:meth:`allow`, :meth:`refresh_mask`).
 
     Verification (``verify``):
       - ``lossless``: greedy only; the target checks every merged proposal by argmax, so the
@@ -287,57 +284,52 @@ class NgramDrafter(DirectMapDrafter):
         with the product put on the n-gram token and taken off its first sub-token's image
         (q(d1) - product). Accept with min(1, p/q'), resample from norm(max(0, p - q')). This is
         approximate: NOT lossless under sampling. At temperature 0 both modes are the argmax test.
+
+    Args:
+        learn: whether the cache is filled online (False: OSD, which drafts directly mapped tokens
+            only); read by the session when it attaches the builder.
     """
 
     def __init__(self, model, tokenizer, bridge: VocabBridge, target_vocab_size: int,
                  target_eos: set[int] = frozenset(), sync_lookbehind: int = 2,
-                 ngram: NgramCache | None = None, learn: bool = True, learner=None,
+                 ngram: NgramCache | None = None, learn: bool = True,
                  verify: str = "lossless", capacity: int | None = None, eviction: str = "lru"):
         super().__init__(model, tokenizer, bridge, target_vocab_size, target_eos, sync_lookbehind)
-        if verify not in ("lossless", "paper"):
+        if verify not in VERIFY_RULES:
             raise OmniDraftError(f"verify={verify!r}: use 'lossless' (greedy, exact) or 'paper' (OmniDraft's q' rule)")
         self.ngram = ngram if ngram is not None else NgramCache(capacity=capacity, eviction=eviction)
         self.learn = learn
-        self.learner = learner  # an omnidraft.learn.online.OnlineLearner, or None for a frozen drafter
         self.verify = verify
-        self._last = None
         self._base_mask = self._mask_add.clone()
         self.hits_total = 0
-        self._refresh_mask()
+        self.last_merged = []
+        self.refresh_mask()
 
-    def _allow(self, seq) -> None:
+    def allow(self, seq) -> None:
+        """Let the drafter draft the sub-tokens of ``seq`` (a new cache entry)."""
         idx = torch.tensor([d for d in seq if d < self._mask_add.numel()], dtype=torch.long)
         if idx.numel():
             self._mask_add[idx.to(self._mask_add.device)] = 0.0
 
-    def _refresh_mask(self) -> None:
+    def refresh_mask(self) -> None:
         """Allowed drafter tokens: directly mapped ones + sub-tokens of current cache entries."""
         self._mask_add.copy_(self._base_mask)
         for seq in list(self.ngram._by_seq):
-            self._allow(seq)
-
-    def start(self, prompt_ids: list[int]) -> None:
-        super().start(prompt_ids)
-        if self.learner is not None:
-            self.learner.begin_sequence()
+            self.allow(seq)
 
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
         if temperature > 0 and self.verify == "lossless":
             raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
                                  "(OmniDraft's approximate q') or method.temperature=0")
-        ctx = list(self.ids) if self.learner is not None else None
-        drafts, qs = self._draft(k, temperature, generator)
+        ctx = list(self.ids)
+        drafts, qs, hidden, tok_p = self._draft(k, temperature, generator)
         merged = self.ngram.merge(drafts, self.bridge.to_target)
         self.last_merged = merged  # for inspection (last_drafts is set by _draft)
-        if self.learner is not None:
-            self._last = (ctx, drafts[: merged[-1].end] if merged else [], merged)
         self.hits_total += sum(m.is_ngram for m in merged)
         q = torch.stack([self._q_prime(m, drafts, qs) for m in merged]) if qs and merged else None
-        self._prop_ids = [m.target_id for m in merged]
-        return Proposal(list(self._prop_ids), q)
-
-    def _groups(self) -> list[tuple[int, int]]:
-        return [(m.start, m.end) for m in self.last_merged]
+        spans = [Span(m.target_id, m.start, m.end) for m in merged]
+        return Proposal([s.target_id for s in spans], q, ctx, drafts[: merged[-1].end] if merged else [], spans,
+                        torch.stack(hidden) if hidden else None, tok_p)
 
     def _q_prime(self, m, drafts: list[int], qs: list[torch.Tensor]) -> torch.Tensor:
         """The paper's q' for one merged proposal, in target space."""
@@ -364,40 +356,15 @@ class NgramDrafter(DirectMapDrafter):
     def load_state_dict(self, d: dict) -> None:
         self.ngram = NgramCache.from_state_dict(d["ngram"])
         self.hits_total = int(d.get("hits_total", 0))
-        self._refresh_mask()
+        self.refresh_mask()
 
     @contextmanager
     def paused(self):
-        """Draft without learning or touching the stream's cache and counters (warm-up)."""
-        saved = (self.learner, self.learn, self.ngram, self.hits_total, self._mask_add.clone())
-        self.learner, self.learn = None, False
-        self.ngram = NgramCache.from_state_dict(self.ngram.state_dict())
+        """Draft without touching the stream's counters (warm-up; observers are off then, so the
+        cache is not filled)."""
+        saved = self.hits_total
         try:
             with super().paused():
                 yield self
         finally:
-            self.learner, self.learn, self.ngram, self.hits_total, mask = saved
-            self._mask_add.copy_(mask)
-
-    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
-        last, self._last = self._last, None
-        pending_before = self._utf8.getstate()[0]
-        super().commit(new_ids, n_accepted, target_logits)  # head labels of this step -> _head_step
-        if self.learner is not None and target_logits is not None and last is not None:
-            ctx, drafts, merged = last
-            self.learner.record(ctx, drafts, merged, target_logits, n_accepted, head=self._head_step)
-        if not self.learn or pending_before or self._utf8.getstate()[0]:
-            return  # this step's text does not line up with its target tokens byte for byte
-        # The re-tokenised segment spells (tail text + new text); target tokens start after the tail.
-        seg = self.ids[self._stable:]
-        tail = len(self.retok.spelled(seg)) - len(self.bridge.target_text_bytes(new_ids))
-        if tail < 0:
-            return
-        evicted = False
-        for t, seq in alignments(new_ids, self.bridge.target_bytes, seg, self.bridge.draft_bytes, tail):
-            n_before = len(self.ngram)
-            if self.ngram.add(t, seq):
-                self._allow(seq)
-                evicted |= len(self.ngram) == n_before
-        if evicted:
-            self._refresh_mask()  # an evicted entry's sub-tokens may no longer be allowed
+            self.hits_total = saved

@@ -16,18 +16,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from omnidraft.core.feedback import Span
 
-@dataclass
-class Merged:
-    """One target proposal made from drafter tokens ``draft[start:end]``."""
-
-    target_id: int
-    start: int
-    end: int
-
-    @property
-    def is_ngram(self) -> bool:
-        return self.end - self.start > 1
+# One target proposal made from drafter tokens ``draft[start:end]`` (the decode loop's Span).
+Merged = Span
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from omnidraft.core.decode import Proposal
@@ -55,8 +57,17 @@ class PromptLookupDrafter:
             q[torch.arange(len(ids)), torch.tensor(ids)] = 1.0
         return Proposal(ids, q)
 
-    def commit(self, new_ids: list[int], n_accepted: int, target_logits=None) -> None:
+    def commit(self, new_ids: list[int], n_accepted: int) -> None:
         self.ids.extend(new_ids)
 
     def stats(self) -> dict[str, float]:
         return {"draft/tokens": self.drafted_total}
+
+    @contextmanager
+    def paused(self):
+        """Draft without moving the counters (warm-up)."""
+        saved = (self.drafted_total, self.hits)
+        try:
+            yield self
+        finally:
+            self.drafted_total, self.hits = saved

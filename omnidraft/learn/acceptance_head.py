@@ -27,12 +27,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnidraft.state import (
-    load_optimizer_state,
-    optimizer_state,
-    rng_state,
-    set_rng_state,
-)
+from omnidraft.choices import HEAD_LABELS, HEAD_MODES
+from omnidraft.core.feedback import StepFeedback
+from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
+
+
+def label_temperature(label: str, temperature: float) -> float:
+    """The temperature of the head's labels: T=1 ('t1') or the verification's ('verify')."""
+    return 1.0 if label == "t1" else temperature
+
+
+def step_labels(fb: StepFeedback, label: str) -> tuple[list[tuple[int, int]], list[float]] | None:
+    """Per target proposal up to and including the first rejection: its drafter-token span and its
+    label min(1, p_T(y) / q_T(y)) at the label temperature T (q of a merged n-gram: the product of
+    its sub-tokens'); at T=0 that is its limit, 1 when y is the target's argmax (exactly greedy
+    verification's accept) and 0 otherwise. None when the step proposed nothing or the drafter
+    recorded no hidden states (a verification with nothing proposed: the loop's last one-token step).
+    """
+    prop = fb.proposal
+    m = len(prop.ids)
+    if not m or prop.hidden is None:
+        return None
+    groups = [(s.start, s.end) for s in prop.spans][: min(m, fb.n_accepted + 1)]
+    rows = fb.rows[: len(groups)].float()
+    t = label_temperature(label, fb.temperature)
+    if t <= 0:
+        top = rows.argmax(-1).tolist()
+        return groups, [float(top[i] == prop.ids[i]) for i in range(len(groups))]
+    p = torch.softmax(rows / t, -1)
+    labels = []
+    for i, (s, e) in enumerate(groups):
+        q = 1.0
+        for j in range(s, e):
+            q *= prop.draft_probs[j]
+        labels.append(min(1.0, float(p[i, prop.ids[i]]) / max(q, 1e-12)))
+    return groups, labels
 
 
 class AcceptanceHead(nn.Module):
@@ -74,10 +103,10 @@ class HeadLearner:
     def __init__(self, head: AcceptanceHead, *, mode: str = "joint", lr: float = 1e-3,
                  mismatch_weight: float = 6.0, batch_size: int = 64, replay: int = 4096,
                  steps: int = 4, every: int = 1, seed: int = 0, learn: bool = True, label: str = "verify"):
-        if mode not in ("joint", "interleaved"):
-            raise ValueError(f"head mode must be joint or interleaved, got {mode!r}")
-        if label not in ("verify", "t1"):
-            raise ValueError(f"head label must be verify or t1, got {label!r}")
+        if mode not in HEAD_MODES:
+            raise ValueError(f"head mode must be one of {HEAD_MODES}, got {mode!r}")
+        if label not in HEAD_LABELS:
+            raise ValueError(f"head label must be one of {HEAD_LABELS}, got {label!r}")
         self.label = label
         self.head, self.mode, self.w = head, mode, float(mismatch_weight)
         self.batch_size, self.steps, self.every = int(batch_size), int(steps), int(every)
@@ -90,6 +119,16 @@ class HeadLearner:
         # calibration since the last read: predicted vs observed acceptance of merged proposals
         self._pred_sum = self._obs_sum = self._debiased_sum = 0.0
         self._n = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def observe(self, fb: StepFeedback) -> None:
+        """Record one step's verification (observer of the decode loop)."""
+        out = step_labels(fb, self.label)
+        if out is not None:
+            groups, labels = out
+            self.record(fb.proposal.hidden, groups, labels, [i < fb.n_accepted for i in range(len(groups))])
 
     @torch.no_grad()
     def record(self, hidden: torch.Tensor, groups: list[tuple[int, int]], labels: list[float],

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from omnidraft.choices import DISTILL_DATA
 from omnidraft.core import kv
 from omnidraft.core.decode import generate
 from omnidraft.drafting.direct_map import Retokenizer, VocabBridge
 from omnidraft.learn.online import Example
 
-DATA = ("drafter", "target")
+DATA = DISTILL_DATA  # drafter (on-policy) | target
 
 
 def aligned_positions(t_ids: list[int], d_ids: list[int], bridge: VocabBridge) -> list[tuple[int, int]]:

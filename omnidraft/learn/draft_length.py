@@ -19,28 +19,22 @@ from __future__ import annotations
 
 import torch
 
+from omnidraft.core.feedback import StepFeedback
+from omnidraft.drafting.model_drafters import FixedLength
 from omnidraft.learn.acceptance_head import AcceptanceHead
 
-# The paper's gamma per task (SpecDec++ settings); others default to 0.7.
-GAMMA_PRESETS = {"alpaca": 0.3, "alpaca_sample": 0.3, "xsum": 0.3, "gsm8k": 0.7, "mbpp": 0.7, "humaneval": 0.7,
-                 "mbpp_humaneval": 0.7}
 
-
-class FixedK:
+class FixedK(FixedLength):
     """Always the step's budget (k)."""
 
-    needs_hidden = False
-
-    def max_len(self, budget: int) -> int:
-        return budget
-
-    def begin(self) -> None:
+    def start(self, prompt_ids: list[int]) -> None:
         pass
 
-    def keep_going(self, hidden: torch.Tensor | None) -> bool:
-        return True
+    def observe(self, fb: StepFeedback) -> None:
+        """Observer of the decode loop: the step's outcome."""
+        self.update(len(fb.proposal.ids), fb.n_accepted)
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def update(self, proposed: int, accepted: int) -> None:
         pass
 
     def state_dict(self) -> dict:
@@ -59,7 +53,7 @@ class HeuristicK(FixedK):
     def max_len(self, budget: int) -> int:
         return min(budget, self.k)
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
         self.k = min(self.k_max, self.k + 2) if accepted == proposed else max(self.k_min, self.k - 1)

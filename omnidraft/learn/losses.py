@@ -69,15 +69,75 @@ def hybrid_loss(dm_terms: torch.Tensor, ngram_terms: torch.Tensor, lam: float = 
     return {"loss": l_dm + lam * l_ng, "loss_dm": l_dm, "loss_ngram": l_ng}
 
 
-def divergence(name: str):
-    """D(p, q) per row from log-probabilities (N, C) -> (N,), for 'fkl' KL(p||q), 'rkl' KL(q||p),
-    'jsd' (generalised JSD with ``beta``) and 'tvd'. p is the target (teacher), q the drafter."""
-    return DIVERGENCES[name]
-
-
+# D(p, q) per row from log-probabilities (N, C) -> (N,), for 'fkl' KL(p||q), 'rkl' KL(q||p), 'jsd'
+# (generalised JSD with ``beta``) and 'tvd'. p is the target (teacher), q the drafter.
 DIVERGENCES = {
     "fkl": lambda log_p, log_q, beta=0.5: forward_kl(log_p, log_q),
     "rkl": lambda log_p, log_q, beta=0.5: reverse_kl(log_q, log_p),
     "jsd": lambda log_p, log_q, beta=0.5: jsd(log_p, log_q, beta),
     "tvd": lambda log_p, log_q, beta=0.5: tvd(log_p, log_q),
+}
+
+
+def bernoulli_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """KL(Bern(q) || Bern(p)) from log-probabilities (the ``kl_kl`` loss's n-gram term)."""
+    log_q, log_p = log_q.clamp(max=-1e-6), log_p.clamp(max=-1e-6)
+    q = log_q.exp()
+    return q * (log_q - log_p) + (1 - q) * (torch.log1p(-q) - torch.log1p(-log_p.exp()))
+
+
+# -- the online losses by name: a directly-mapped term and an n-gram term per example ---------------
+# A DM term maps (lq: (N, C) the drafter's lifted log-probs at the example's DM positions, the
+# example, jsd_beta) to per-position terms (or None); an n-gram term maps (nll: per-sub-token NLL of
+# the drafter on accepted n-grams, the example) to terms.
+
+
+def _dm_reverse_kl(lq, ex, beta):
+    return reverse_kl(lq, ex.dm_logp.to(lq.device).float())
+
+
+def _dm_argmax_nll(lq, ex, beta):
+    rows = [r for r, c in enumerate(ex.dm_top) if c >= 0]
+    return -lq[rows, torch.tensor([ex.dm_top[r] for r in rows], device=lq.device)] if rows else None
+
+
+def _dm_divergence(name: str):
+    def term(lq, ex, beta):  # the teacher renormalised over the reachable target tokens
+        lp = torch.log_softmax(ex.dm_logp.to(lq.device).float(), -1)
+        return DIVERGENCES[name](lp, lq, beta=beta)
+    return term
+
+
+def _ng_nll(nll, ex):
+    return nll
+
+
+def _ng_bernoulli_kl(nll, ex):
+    sizes = [e - s for s, e, _ in ex.ngrams]
+    log_q = -torch.stack([x.sum() for x in torch.split(nll, sizes)])
+    log_p = torch.tensor([lp for _, _, lp in ex.ngrams], device=nll.device)
+    return bernoulli_kl(log_q, log_p)
+
+
+class OnlineLoss:
+    """L = mean(DM terms) + lam * mean(n-gram terms) over a mini-batch.
+
+    Args:
+        dm: the directly-mapped term, or None (no DM term).
+        ngram: the n-gram term, or None (no n-gram term).
+        lam: a fixed lambda for this loss (None: the configured ``method.adapt.lam``).
+    """
+
+    def __init__(self, dm, ngram, lam: float | None = None):
+        self.dm, self.ngram, self.lam = dm, ngram, lam
+
+
+LOSSES: dict[str, OnlineLoss] = {
+    # OmniDraft's hybrid loss: reverse KL on DM positions + lambda * NLL on accepted n-gram sub-tokens
+    "kl_nll": OnlineLoss(_dm_reverse_kl, _ng_nll),
+    "nll_only": OnlineLoss(None, _ng_nll, lam=1.0),  # n-gram NLL only
+    "nll_nll": OnlineLoss(_dm_argmax_nll, _ng_nll),  # NLL of the target's argmax at DM positions
+    "kl_kl": OnlineLoss(_dm_reverse_kl, _ng_bernoulli_kl),  # approximate KL on n-grams too
+    # one divergence on DM positions, no n-gram term (OSD: fkl; DistillSpec: any)
+    **{name: OnlineLoss(_dm_divergence(name), None) for name in DIVERGENCES},
 }

@@ -1,133 +1,42 @@
 """Online adaptation of the drafter from the live stream (OmniDraft's hybrid distillation).
 
-Data is on-policy: each speculative step records the drafter's context, its drafted tokens, and
-the target's distributions at the proposed positions, taken from the verification pass already
-computed (no extra target forward). Every ``interval`` prompts the runner calls :meth:`update`,
-which runs AdamW on the buffer and clears it (no replay). The target is never touched.
+The :class:`OnlineLearner` is an observer of the decode loop: every step's feedback becomes a
+training example (:mod:`omnidraft.learn.buffer`: the drafter's context, its drafted tokens, the
+target's distributions at the proposed positions, taken from the verification pass already computed,
+no extra target forward). Every ``interval`` prompts the session calls :meth:`update`, which runs
+AdamW on the buffer (:mod:`omnidraft.learn.training` computes the drafter's logits, a loss from
+:data:`omnidraft.learn.losses.LOSSES` scores them) and clears it (no replay). The target is never
+touched.
 
 Training runs on a copy of the drafter in ``train_dtype`` (fp32 by default) whose trainable
 parameters are the optimiser's master weights; after each update they are cast back into the
-inference drafter. With LoRA only the training copy carries adapters (peft); the served drafter
-stays a plain model whose adapted linear weights are the merged ``W + scale * B @ A``, computed in
-``train_dtype`` from the frozen base weights and cast once, so serving costs no extra matmuls and
-repeated merges never accumulate rounding. Mini-batches are runs of up to ``batch_size``
-consecutive steps of one prompt (their order shuffled), so each batch computes its shared context
-once.
+inference drafter. With LoRA only the training copy carries adapters (:mod:`omnidraft.learn.lora`);
+the served drafter stays a plain model with merged weights.
 """
 
 from __future__ import annotations
 
 import copy
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 
+from omnidraft.choices import LOSSES as LOSS_NAMES
+from omnidraft.choices import POSITIONS, TRAIN_DTYPES
 from omnidraft.core import kv
+from omnidraft.core.feedback import StepFeedback
 from omnidraft.drafting.direct_map import VocabBridge
-from omnidraft.drafting.ngram_cache import Merged
-from omnidraft.learn.losses import (
-    DIVERGENCES,
-    hybrid_loss,
-    lifted_log_probs,
-    ngram_nll,
-    reverse_kl,
-)
-from omnidraft.state import (
-    load_optimizer_state,
-    optimizer_state,
-    rng_state,
-    set_rng_state,
-)
+from omnidraft.learn.acceptance_head import step_labels
+from omnidraft.learn.buffer import Example, batches, make_example
+from omnidraft.learn.lora import merge_lora_into, merge_lora_state, with_lora
+from omnidraft.learn.losses import LOSSES, hybrid_loss, lifted_log_probs, ngram_nll
+from omnidraft.learn.training import draft_logits
+from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
 
-HYBRID = ("kl_nll", "nll_only", "nll_nll", "kl_kl")  # OmniDraft's loss and its ablations
-LOSSES = HYBRID + tuple(DIVERGENCES)  # + plain divergences on DM positions (OSD, DistillSpec)
-POSITIONS = ("drafted", "rejected")
+__all__ = ["Example", "OnlineLearner", "merge_lora_state", "with_lora"]
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class Example:
-    """One speculative step, as training data.
-
-    Attributes:
-        seq: which generation (prompt) of the buffer it comes from.
-        ctx: drafter context before drafting.
-        drafts: drafter tokens behind the merged proposals.
-        dm_pos: draft positions whose proposal is a directly mapped token.
-        dm_logp: (len(dm_pos), C) target log-probabilities over the reachable target tokens.
-        dm_top: per DM position, the column of the target's argmax, or -1 if the drafter cannot
-            reach it (used by the ``nll_nll`` loss).
-        ngrams: (start, end, target log-prob of the n-gram's token) of n-grams the target accepted.
-        head: (start, end, label) per target proposal up to and including the first rejection, for
-            an acceptance head trained jointly (:meth:`OnlineLearner.attach_head`); empty otherwise.
-    """
-
-    seq: int
-    ctx: list[int]
-    drafts: list[int]
-    dm_pos: list[int]
-    dm_logp: torch.Tensor
-    dm_top: list[int] = field(default_factory=list)
-    ngrams: list[tuple[int, int, float]] = field(default_factory=list)
-    head: list[tuple[int, int, float]] = field(default_factory=list)
-
-    @property
-    def ng_pos(self) -> list[int]:
-        return [j for s, e, _ in self.ngrams for j in range(s, e)]
-
-
-def with_lora(model, rank: int, alpha: int | None = None, target_modules: list[str] | None = None,
-              seed: int = 0):
-    """Wrap a model with LoRA adapters (peft); the base weights stay frozen. The adapters'
-    random initialisation draws from ``seed``, not from (or into) the global torch RNG."""
-    from peft import LoraConfig, get_peft_model
-
-    cfg = LoraConfig(r=int(rank), lora_alpha=int(alpha or 2 * rank), lora_dropout=0.0,
-                     target_modules=list(target_modules or ["q_proj", "k_proj", "v_proj", "o_proj"]))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        wrapped = get_peft_model(model, cfg)
-    for p in wrapped.parameters():
-        p.requires_grad_(False)
-    return wrapped.eval()
-
-
-def lora_layers(peft_model) -> dict[str, torch.nn.Module]:
-    """Module path in the unwrapped model -> its peft LoRA layer."""
-    from peft.tuners.lora import LoraLayer
-
-    return {n: m for n, m in peft_model.get_base_model().named_modules() if isinstance(m, LoraLayer)}
-
-
-@torch.no_grad()
-def merge_lora_into(served: torch.nn.Module, peft_model) -> int:
-    """Write ``base + delta`` of every LoRA layer of ``peft_model`` into the weight of the module at
-    the same path in ``served`` (a plain model of the same architecture). Returns the count."""
-    layers = lora_layers(peft_model)
-    for name, mod in layers.items():
-        w = served.get_submodule(name).weight
-        delta = sum(mod.get_delta_weight(a) for a in mod.active_adapters)
-        w.copy_((mod.base_layer.weight + delta).to(w.dtype))
-    return len(layers)
-
-
-def merge_lora_state(served: torch.nn.Module, tensors: dict[str, torch.Tensor], lora, dtype=torch.float32) -> int:
-    """Serve a saved LoRA state (``param.<name>`` adapter tensors) frozen: merge it into ``served``."""
-    from omnidraft.state import load_weights
-
-    if any("lora_" in n for n, _ in served.named_parameters()):
-        raise ValueError("merge_lora_state serves into a plain model; this one already carries LoRA adapters")
-    wrapped = with_lora(copy.deepcopy(served).to(dtype), *lora)
-    load_weights(wrapped, tensors)
-    return merge_lora_into(served, wrapped)
-
-
-def _bernoulli_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-    """KL(Bern(q) || Bern(p)) from log-probabilities (the ``kl_kl`` loss's n-gram term)."""
-    log_q, log_p = log_q.clamp(max=-1e-6), log_p.clamp(max=-1e-6)
-    q = log_q.exp()
-    return q * (log_q - log_p) + (1 - q) * (torch.log1p(-q) - torch.log1p(-log_p.exp()))
 
 
 class OnlineLearner:
@@ -169,10 +78,10 @@ class OnlineLearner:
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self.positions, self.jsd_beta = positions, float(jsd_beta)
-        if loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-        if train_dtype not in DTYPES:
-            raise ValueError(f"train_dtype must be one of {tuple(DTYPES)}, got {train_dtype!r}")
+        if loss not in LOSS_NAMES:
+            raise ValueError(f"loss must be one of {LOSS_NAMES}, got {loss!r}")
+        if train_dtype not in TRAIN_DTYPES:
+            raise ValueError(f"train_dtype must be one of {TRAIN_DTYPES}, got {train_dtype!r}")
         self.model, self.lam, self.loss_name = model, float(lam), loss
         self.batch_size, self.steps_per_update = int(batch_size), int(steps_per_update)
         self.map_ids = torch.nonzero(bridge.draft_mask).squeeze(1)
@@ -222,135 +131,60 @@ class OnlineLearner:
         """A jointly trained head that is learning (a frozen one takes no part in the loss)."""
         return self.head is not None and self.head.learn
 
+    def start(self, prompt_ids: list[int]) -> None:
+        """A new prompt begins (observer of the decode loop)."""
+        self.begin_sequence()
+
     def begin_sequence(self) -> None:
-        """Called when the drafter starts a new prompt: later records share no context with earlier ones."""
+        """Later records share no context with earlier ones."""
         self._seq += 1
 
-    def record(self, ctx: list[int], drafts: list[int], merged: list[Merged],
-               target_logits: torch.Tensor, n_accepted: int,
+    def observe(self, fb: StepFeedback) -> None:
+        """Record one step (observer of the decode loop). A jointly trained head's labels are
+        computed from the same feedback (:func:`omnidraft.learn.acceptance_head.step_labels`)."""
+        prop = fb.proposal
+        head = step_labels(fb, self.head.label) if self._head_on else None
+        self.record(prop.context, prop.drafts, prop.spans, fb.rows, fb.n_accepted, head=head)
+
+    def record(self, ctx: list[int], drafts: list[int], merged, target_logits: torch.Tensor, n_accepted: int,
                head: tuple[list[tuple[int, int]], list[float]] | None = None) -> None:
-        """Store one step. ``target_logits`` row i is the target's distribution for proposal i.
-        ``head``: (drafter-token span, label) per proposal up to the first rejection, kept when an
-        acceptance head trains jointly."""
-        if not merged:
-            return
+        """Store one step. ``merged``: the proposals' spans; ``target_logits`` row i is the target's
+        distribution for proposal i. ``head``: (drafter-token span, label) per proposal up to the
+        first rejection, kept when an acceptance head trains jointly."""
         head_spans = [(int(a), int(b), float(y)) for (a, b), y in zip(*head)] \
             if head is not None and self._head_on else []
-        dm_rows, dm_pos, ng_rows = [], [], []
-        for i, m in enumerate(merged):
-            if self.positions == "rejected" and i != n_accepted:
-                continue  # OSD: only the first rejected proposal (none when all were accepted)
-            if m.is_ngram:
-                if i < n_accepted:
-                    ng_rows.append(i)
-            else:
-                dm_rows.append(i)
-                dm_pos.append(m.start)
-        if not dm_rows and not ng_rows and not head_spans:
-            return
-        # Normalise only the rows kept (a full-vocabulary log-softmax per row is the costly part).
-        ng_logp = torch.log_softmax(target_logits[ng_rows].float(), -1) if ng_rows else None
-        ngrams = [(merged[i].start, merged[i].end, float(ng_logp[r, merged[i].target_id]))
-                  for r, i in enumerate(ng_rows)]
-        dm_all = torch.log_softmax(target_logits[dm_rows].float(), -1)
-        cols = self.cols.to(target_logits.device)
-        logp = dm_all[:, cols]
-        top = dm_all.argmax(-1)
-        col = torch.searchsorted(cols, top).clamp(max=len(cols) - 1)
-        dm_top = torch.where(cols[col] == top, col, -1).tolist()
-        self.buffer.append(Example(self._seq, list(ctx), list(drafts), dm_pos,
-                                   logp.to(torch.float16).cpu(), dm_top, ngrams, head_spans))
+        ex = make_example(self._seq, ctx, drafts, merged, target_logits, n_accepted, self.cols, self.positions,
+                          head_spans)
+        if ex is not None:
+            self.buffer.append(ex)
 
     # -- loss ------------------------------------------------------------------------------
     def _draft_logits(self, examples: list[Example]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-        """Training-model logits (n_drafts, V) at each example's drafted positions (grad w.r.t. the
-        drafts only, unless context_grad), and the last-layer hidden states there (n_drafts, H)
-        for examples that carry head labels (None for the others). Examples of one sequence share
-        one no-grad context pass."""
-        m, dev = self.train_model, self.train_model.device
-        out: list[torch.Tensor | None] = [None] * len(examples)
-        hid: list[torch.Tensor | None] = [None] * len(examples)
+        """The training copy's logits (and, for a learning head, hidden states) at the drafted positions."""
         want = self._head_on and any(ex.head for ex in examples)
-        if self.context_grad:
-            for i, ex in enumerate(examples):
-                ids = torch.tensor([ex.ctx + ex.drafts[:-1]], device=dev)
-                o = m(input_ids=ids, logits_to_keep=len(ex.drafts), output_hidden_states=want)
-                out[i] = o.logits[0].float()
-                if want:
-                    hid[i] = o.hidden_states[-1][0, -len(ex.drafts):].float()
-            return out, hid
-        groups: dict[int, list[int]] = {}
-        for i, ex in enumerate(examples):
-            groups.setdefault(ex.seq, []).append(i)
-        for idx in groups.values():
-            base = max((examples[i].ctx for i in idx), key=len)
-            cache = kv.new_cache(m)
-            if len(base) > 1:
-                with torch.no_grad():
-                    m(input_ids=torch.tensor([base[:-1]], device=dev), cache=cache, logits_to_keep=1)
-            branches = []
-            for i in idx:
-                ex = examples[i]
-                n = 0
-                lim = min(len(ex.ctx) - 1, len(base) - 1)
-                while n < lim and ex.ctx[n] == base[n]:
-                    n += 1
-                branches.append((n, ex.ctx[n:] + ex.drafts[:-1]))
-            if self.tree:  # every example of the sequence in one pass (tree attention)
-                res = kv.forward_branches(m, cache, branches, hidden=want)
-                lgs, hds = res if want else (res, [None] * len(idx))
-                for i, lg, hd in zip(idx, lgs, hds):
-                    n_d = len(examples[i].drafts)
-                    out[i] = lg[-n_d:].float()
-                    hid[i] = hd[-n_d:].float() if hd is not None else None
-                continue
-            for i, (n, b) in zip(idx, branches):
-                c = kv.prefix_copy(cache, n, m) if len(base) > 1 else kv.new_cache(m)
-                ids = torch.tensor([b], device=dev)
-                n_d = len(examples[i].drafts)
-                o = m(input_ids=ids, cache=c, logits_to_keep=n_d, output_hidden_states=want)
-                out[i] = o.logits[0].float()
-                if want:
-                    hid[i] = o.hidden_states[-1][0, -n_d:].float()
-        return out, hid
+        return draft_logits(self.train_model, examples, context_grad=self.context_grad, tree=self.tree, hidden=want)
 
     def losses(self, examples: list[Example]) -> dict[str, torch.Tensor]:
-        """Hybrid loss over examples (differentiable w.r.t. the training copy's master weights),
-        plus the jointly trained head's weighted BCE (``loss_head``) when a learning head is
+        """The configured loss over examples (differentiable w.r.t. the training copy's master
+        weights), plus the jointly trained head's weighted BCE (``loss_head``) when a learning head is
         attached: ``loss`` (what is minimised) = ``loss_distill`` + ``loss_head``."""
+        spec = LOSSES[self.loss_name]
         dm_terms, ng_terms = [], []
         dev = self.train_model.device
         map_ids, map_cols = self.map_ids.to(dev), self.map_cols.to(dev)
         logits_all, hidden_all = self._draft_logits(examples)
         head_items = [(h[a:b], y) for ex, h in zip(examples, hidden_all) if h is not None for a, b, y in ex.head]
         for ex, logits in zip(examples, logits_all):
-            if self.loss_name in DIVERGENCES:  # one divergence on DM positions, no n-gram term
-                if ex.dm_pos:
-                    lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
-                    lp = torch.log_softmax(ex.dm_logp.to(dev).float(), -1)  # renormalised over reachable tokens
-                    dm_terms.append(DIVERGENCES[self.loss_name](lp, lq, beta=self.jsd_beta))
-                continue
-            if ex.dm_pos and self.loss_name != "nll_only":
+            if spec.dm is not None and ex.dm_pos:
                 lq = lifted_log_probs(logits[ex.dm_pos], map_ids, map_cols, len(self.cols))
-                if self.loss_name == "nll_nll":
-                    rows = [r for r, c in enumerate(ex.dm_top) if c >= 0]
-                    if rows:
-                        dm_terms.append(-lq[rows, torch.tensor([ex.dm_top[r] for r in rows], device=dev)])
-                else:
-                    dm_terms.append(reverse_kl(lq, ex.dm_logp.to(dev).float()))
-            if ex.ngrams:
+                term = spec.dm(lq, ex, self.jsd_beta)
+                if term is not None:
+                    dm_terms.append(term)
+            if spec.ngram is not None and ex.ngrams:
                 sub = torch.tensor([ex.drafts[j] for j in ex.ng_pos], device=dev)
-                nll = ngram_nll(logits[ex.ng_pos], sub)
-                if self.loss_name == "kl_kl":
-                    sizes = [e - s for s, e, _ in ex.ngrams]
-                    log_q = -torch.stack([x.sum() for x in torch.split(nll, sizes)])
-                    log_p = torch.tensor([lp for _, _, lp in ex.ngrams], device=dev)
-                    ng_terms.append(_bernoulli_kl(log_q, log_p))
-                else:
-                    ng_terms.append(nll)
+                ng_terms.append(spec.ngram(ngram_nll(logits[ex.ng_pos], sub), ex))
         cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, device=dev)  # noqa: E731
-        lam = 1.0 if self.loss_name == "nll_only" else self.lam
-        out = hybrid_loss(cat(dm_terms), cat(ng_terms), lam)
+        out = hybrid_loss(cat(dm_terms), cat(ng_terms), spec.lam if spec.lam is not None else self.lam)
         out["loss_distill"] = out["loss"]
         if head_items:
             out["loss_head"] = self.head.loss(head_items)
@@ -358,17 +192,6 @@ class OnlineLearner:
         return out
 
     # -- update ----------------------------------------------------------------------------
-    def _batches(self) -> list[list[int]]:
-        """Runs of <= batch_size consecutive examples of one sequence, in shuffled order."""
-        out: list[list[int]] = []
-        for i, ex in enumerate(self.buffer):
-            if out and len(out[-1]) < self.batch_size and self.buffer[out[-1][-1]].seq == ex.seq:
-                out[-1].append(i)
-            else:
-                out.append([i])
-        self.rng.shuffle(out)
-        return out
-
     @torch.no_grad()
     def _sync_weights(self) -> None:
         if self.lora:
@@ -392,11 +215,11 @@ class OnlineLearner:
         stats = {"adapt/loss": 0.0, "adapt/loss_dm": 0.0, "adapt/loss_ngram": 0.0}
         head_loss, n_head = 0.0, 0
         n, n_examples = 0, len(self.buffer)
-        plan = [self._batches() for _ in range(self.steps_per_update)]
+        plan = [batches(self.buffer, self.batch_size, self.rng) for _ in range(self.steps_per_update)]
         bar = tqdm(total=sum(map(len, plan)), desc="adapt", unit="batch", leave=False, disable=not progress)
         try:
-            for batches in plan:
-                for b in batches:
+            for epoch in plan:
+                for b in epoch:
                     bar.update(1)
                     out = self.losses([self.buffer[i] for i in b])
                     if out["loss"].requires_grad:

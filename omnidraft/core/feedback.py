@@ -1,0 +1,107 @@
+"""What one decode step tells its observers (the shape of transformers' ``update_candidate_strategy``,
+generalised to several observers).
+
+Each step of :func:`omnidraft.core.decode.generate`: the drafter proposes (:class:`Proposal`, with
+the drafter-side record of how it drafted), the verifier checks (:class:`Verdict`), the drafter
+syncs its context to the emitted tokens (:class:`TextSync`), then every observer gets one
+:class:`StepFeedback`. Observers are the learners: the online distillation learner, the
+acceptance-head learner, the draft-length policy, the n-gram cache builder. Drafters only draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Span:
+    """One target proposal made from drafter tokens ``drafts[start:end]`` (an n-gram when end - start > 1)."""
+
+    target_id: int
+    start: int
+    end: int
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.end - self.start > 1
+
+
+@dataclass
+class Proposal:
+    """What a drafter proposes for one step, and how it drafted it.
+
+    Attributes:
+        ids: m proposed target-token ids.
+        q: (m, V_t) drafter probabilities in target space (sampling only), else None.
+        context: the drafter's own context (drafter-vocab ids) before drafting; None for model-free drafters.
+        drafts: the drafter tokens behind the proposals (drafter vocabulary).
+        spans: per proposal, the drafter-token span it was made from (len m); empty for model-free drafters.
+        hidden: (len(drafts), H) the drafter's last-layer hidden state at each drafted token, when asked for.
+        draft_probs: the drafter's probability of each drafted token at the temperature asked for
+            (acceptance-head labels), else None.
+    """
+
+    ids: list[int]
+    q: torch.Tensor | None = None
+    context: list[int] | None = None
+    drafts: list[int] = field(default_factory=list)
+    spans: Sequence[Span] = ()
+    hidden: torch.Tensor | None = None
+    draft_probs: list[float] | None = None
+
+
+@dataclass
+class Verdict:
+    """A verifier's answer for one step.
+
+    Attributes:
+        n_accepted: proposals accepted (a prefix).
+        next_token: the correction at the first rejection, or the bonus token.
+        rows: (m+1, V_t) the target's logits after the pending token and after each proposal.
+    """
+
+    n_accepted: int
+    next_token: int
+    rows: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TextSync:
+    """How a cross-vocab drafter re-tokenised the emitted text: ``segment`` (drafter ids) spells
+    ``offset`` bytes of already-synced text followed by exactly the emitted tokens' bytes."""
+
+    segment: list[int]
+    offset: int
+
+
+@dataclass
+class StepFeedback:
+    """One decode step, as its observers see it.
+
+    Attributes:
+        proposal: the drafter's proposal with its drafting record.
+        rows: (m+1, V_t) verification logits (row i: the target's distribution for proposal i).
+        n_accepted: accepted proposals.
+        emitted: target tokens emitted this step (accepted + correction/bonus, cut at EOS / budget).
+        temperature: the verification temperature (0 = greedy).
+        sync: the drafter's re-tokenisation of ``emitted`` when it lines up byte for byte, else None.
+    """
+
+    proposal: Proposal
+    rows: torch.Tensor
+    n_accepted: int
+    emitted: list[int]
+    temperature: float
+    sync: TextSync | None = None
+
+
+class Observer(Protocol):
+    """Learns from steps. ``start`` is called when a prompt begins (after the drafter's), ``observe``
+    after every step (after the drafter has synced its context)."""
+
+    def start(self, prompt_ids: list[int]) -> None: ...
+
+    def observe(self, fb: StepFeedback) -> None: ...

@@ -1,0 +1,28 @@
+"""Wiring a model drafter to the observers that learn from its steps, in the one canonical order.
+
+The decode loop hands each step's feedback to its observers in order; the order is the one the
+learners were designed with: the draft-length policy, the acceptance-head learner, the online
+distillation learner, the n-gram cache builder.
+"""
+
+from __future__ import annotations
+
+from omnidraft.drafting.model_drafters import NgramDrafter
+from omnidraft.learn.ngram_builder import NgramCacheBuilder
+
+
+def use_length_policy(drafter, policy, head_learner=None) -> None:
+    """Make ``drafter`` consult ``policy`` (FixedK / HeuristicK / HeadPolicy) while drafting, and
+    record what ``head_learner`` (an acceptance-head learner, or None) trains on: hidden states and
+    the drafted tokens' probabilities at its label temperature."""
+    drafter.policy = policy
+    drafter.record_hidden = head_learner is not None
+    drafter.token_probs = head_learner.label if head_learner is not None else None
+
+
+def step_observers(drafter, *, policy=None, head=None, learner=None) -> list:
+    """The observers of ``drafter``'s steps: ``policy`` (its draft-length policy), ``head`` (the
+    acceptance-head learner), ``learner`` (online distillation), and the n-gram cache builder when
+    the drafter is an :class:`NgramDrafter` that learns its cache. None entries are left out."""
+    builder = NgramCacheBuilder(drafter) if isinstance(drafter, NgramDrafter) and drafter.learn else None
+    return [o for o in (policy, head, learner, builder) if o is not None]
