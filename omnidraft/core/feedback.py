@@ -15,6 +15,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from omnidraft.errors import OmniDraftError
+
 
 @dataclass(frozen=True)
 class Span:
@@ -60,12 +62,13 @@ class Verdict:
     Attributes:
         n_accepted: proposals accepted (a prefix).
         next_token: the correction at the first rejection, or the bonus token.
-        rows: (m+1, V_t) the target's logits after the pending token and after each proposal.
+        rows: (m+1, V_t) the target's logits after the pending token and after each proposal, or
+            None from a verifier that has none (replay from a trace).
     """
 
     n_accepted: int
     next_token: int
-    rows: torch.Tensor
+    rows: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class StepFeedback:
 
     Attributes:
         proposal: the drafter's proposal with its drafting record.
-        rows: (m+1, V_t) verification logits (row i: the target's distribution for proposal i).
+        rows: (m+1, V_t) verification logits (row i: the target's distribution for proposal i), or
+            None when the verifier has none (observers that need them refuse).
         n_accepted: accepted proposals.
         emitted: target tokens emitted this step (accepted + correction/bonus, cut at EOS / budget).
         temperature: the verification temperature (0 = greedy).
@@ -91,7 +95,7 @@ class StepFeedback:
     """
 
     proposal: Proposal
-    rows: torch.Tensor
+    rows: torch.Tensor | None
     n_accepted: int
     emitted: list[int]
     temperature: float
@@ -105,3 +109,11 @@ class Observer(Protocol):
     def start(self, prompt_ids: list[int]) -> None: ...
 
     def observe(self, fb: StepFeedback) -> None: ...
+
+
+def require_rows(fb: StepFeedback, who: str) -> None:
+    """Refuse, in one line, an observer that learns from the target's distributions on a step
+    whose verifier gave none (replay from a trace)."""
+    if fb.rows is None and fb.proposal.ids:
+        raise OmniDraftError(f"{who} learns from the target's distributions, which this verifier does not "
+                             "give (replay from a trace): verify live for online adaptation and the acceptance head")

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnidraft.choices import HEAD_LABELS, HEAD_MODES
-from omnidraft.core.feedback import StepFeedback
+from omnidraft.core.feedback import StepFeedback, require_rows
 from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
 
 
@@ -125,6 +125,7 @@ class HeadLearner:
 
     def observe(self, fb: StepFeedback) -> None:
         """Record one step's verification (observer of the decode loop)."""
+        require_rows(fb, "the acceptance head")
         out = step_labels(fb, self.label)
         if out is not None:
             groups, labels = out

@@ -25,7 +25,7 @@ import torch
 from omnidraft.choices import LOSSES as LOSS_NAMES
 from omnidraft.choices import POSITIONS, TRAIN_DTYPES
 from omnidraft.core import kv
-from omnidraft.core.feedback import StepFeedback
+from omnidraft.core.feedback import StepFeedback, require_rows
 from omnidraft.drafting.direct_map import VocabBridge
 from omnidraft.learn.acceptance_head import step_labels
 from omnidraft.learn.buffer import Example, batches, make_example
@@ -142,6 +142,7 @@ class OnlineLearner:
     def observe(self, fb: StepFeedback) -> None:
         """Record one step (observer of the decode loop). A jointly trained head's labels are
         computed from the same feedback (:func:`omnidraft.learn.acceptance_head.step_labels`)."""
+        require_rows(fb, "online distillation")
         prop = fb.proposal
         head = step_labels(fb, self.head.label) if self._head_on else None
         self.record(prop.context, prop.drafts, prop.spans, fb.rows, fb.n_accepted, head=head)
