@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from omnidraft import provenance
-from omnidraft.config import register_configs
+from omnidraft.config import CONF_DIR, register_configs
 from omnidraft.core import kv
 from omnidraft.data.models import load_model
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def model_spec(name: str, dtype: str) -> dict:
     register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["run_dir=unused", f"target={name}", f"target.dtype={dtype}"])
     return OmegaConf.to_container(cfg.target, resolve=True), cfg.paths.cache_dir
 

@@ -22,10 +22,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from omnidraft import provenance
-from omnidraft.config import register_configs
+from omnidraft.config import CONF_DIR, register_configs
 from omnidraft.data.models import _ensure_converted, load_model, parse_dtype
 from omnidraft.drafting.direct_map import build_bridge
-from omnidraft.learn.online import Example, OnlineLearner
+from omnidraft.learn.buffer import Example
+from omnidraft.learn.online import OnlineLearner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +59,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["run_dir=unused", f"drafter={a.drafter}", f"target={a.target}"])
     dspec = OmegaConf.to_container(cfg.drafter, resolve=True)
     tspec = OmegaConf.to_container(cfg.target, resolve=True)

@@ -29,8 +29,9 @@ from omnidraft.data.models import load_model
 from omnidraft.data.tasks import format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import build_bridge
 from omnidraft.errors import OmniDraftError
+from omnidraft.learn.buffer import Example
 from omnidraft.learn.distillspec import make_example
-from omnidraft.learn.online import Example, OnlineLearner
+from omnidraft.learn.online import OnlineLearner
 from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, to_plain
 from omnidraft.runner import task_templates
 

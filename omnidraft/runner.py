@@ -29,8 +29,9 @@ from omnidraft.drafting.direct_map import build_bridge, tokenizer_hash
 from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with, check_targets
+from omnidraft.learn.lora import merge_lora_state
 from omnidraft.learn.observers import step_observers, use_length_policy
-from omnidraft.learn.online import OnlineLearner, merge_lora_state
+from omnidraft.learn.online import OnlineLearner
 from omnidraft.lifecycle import (
     LOGGER_RUNTIME_ARGS,
     RunContext,
@@ -195,7 +196,7 @@ class Session:
             self.draft_lm = draft if draft is not None else load_model(to_plain(cfg.drafter), cache)
             if m.needs_same_tokenizer and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
                 raise OmniDraftError(
-                    f"method=sd needs a drafter that shares the target's tokenizer; {cfg.drafter.name} "
+                    f"method={m.name} needs a drafter that shares the target's tokenizer; {cfg.drafter.name} "
                     f"and {cfg.target.name} differ: use method=spd_dm")
             self.bridge = build_bridge(self.draft_lm.tokenizer, self.target.tokenizer, cache)
             factory = instantiate(cfg.method.drafter)

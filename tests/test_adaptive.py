@@ -349,3 +349,35 @@ def test_a_frozen_joint_head_takes_no_part_in_the_update(pair_llama2_qwen):
     assert all(torch.equal(a, b) for a, b in zip(before, drafter.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(head_before, spy.head.parameters()))
     assert all(p.grad is None for p in spy.head.parameters())
+
+
+def test_warm_up_leaves_a_capped_ngram_cache_as_it_was(pair_llama2_qwen):
+    """Merging touches cache entries (lookup counts, LRU / LFU order): a warm-up drafts on a copy,
+    so a resumed stream's cache (or one served with drafter.init_ngram) is exactly as saved."""
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, capacity=6,
+                     eviction="lfu")
+    obs = step_observers(d)
+    for text in PROMPTS[:6]:
+        generate(target, ttok.encode(text), drafter=d, k=5, max_new_tokens=24, observers=obs)
+    assert len(d.ngram) > 0
+    before = d.state_dict()
+    with d.paused():
+        for text in PROMPTS[6:9]:
+            generate(target, ttok.encode(text), drafter=d, k=5, max_new_tokens=24)
+    assert d.state_dict() == before
+
+
+def test_the_head_learns_with_a_direct_map_drafter_too(pair_llama2_qwen):
+    """Every model drafter's proposals carry their spans, so the acceptance head records (and its
+    calibration is reported) with spd_dm / sd drafters as with the n-gram drafter."""
+    from omnidraft.drafting.model_drafters import DirectMapDrafter
+
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+    d = DirectMapDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
+    learner = HeadLearner(AcceptanceHead(drafter.config.hidden_size), mode="interleaved", lr=1e-2)
+    use_length_policy(d, HeadPolicy(learner.head, gamma=0.6, k_max=8), learner)
+    for text in PROMPTS[:3]:
+        generate(target, ttok.encode(text), drafter=d, k=8, max_new_tokens=16,
+                 observers=step_observers(d, policy=d.policy, head=learner))
+    assert learner.calibration()["head/n"] > 0 and learner.update()["head/loss"] > 0

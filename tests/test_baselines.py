@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 
 from omnidraft.config import register_configs
 from omnidraft.core.decode import generate
+from omnidraft.core.feedback import Span
 from omnidraft.drafting.hf_assisted import HFAssisted
 from omnidraft.drafting.model_drafters import NgramDrafter
-from omnidraft.drafting.ngram_cache import Merged
 from omnidraft.drafting.prompt_lookup import PromptLookupDrafter
 from omnidraft.learn.observers import step_observers
 from omnidraft.learn.online import OnlineLearner
@@ -108,7 +108,7 @@ def _osd(pair):
 def test_osd_trains_only_on_rejected_positions(pair_llama2_qwen):
     target, ttok, drafter, bridge, learner, _ = _osd(pair_llama2_qwen)
     mapped = torch.nonzero(bridge.draft_mask).squeeze(1)[100:103].tolist()
-    merged = [Merged(bridge.to_target(d), j, j + 1) for j, d in enumerate(mapped)]
+    merged = [Span(bridge.to_target(d), j, j + 1) for j, d in enumerate(mapped)]
     ctx = [1, 2, 3, 4]
     logits = torch.randn(4, target.config.vocab_size, generator=torch.Generator().manual_seed(0))
 

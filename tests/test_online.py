@@ -99,7 +99,7 @@ def test_lora_update_trains_only_adapters_and_serves_them_merged(pair_llama2_qwe
 def test_lora_init_is_seeded():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from omnidraft.learn.online import with_lora
+    from omnidraft.learn.lora import with_lora
 
     cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=2)

@@ -171,7 +171,7 @@ def test_init_state_serves_an_adapted_drafter(tmp_path):
     import torch
 
     from omnidraft import state as state_io
-    from omnidraft.learn.online import with_lora
+    from omnidraft.learn.lora import with_lora
     from omnidraft.runner import Session
 
     for name, extra in (("full", ()), ("lora", ("method.adapt.lora_rank=4",))):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import ContextManager, Protocol, Sequence
 
 import torch
 
@@ -40,6 +40,12 @@ class Drafter(Protocol):
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal: ...
 
     def commit(self, new_ids: list[int], n_accepted: int) -> TextSync | None: ...
+
+    def paused(self) -> ContextManager:
+        """A warm-up context: what the drafter counts or caches for the stream is put back after."""
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters (``draft/tokens``, ...); the runner logs per-prompt differences."""
 
 
 @dataclass

@@ -41,7 +41,9 @@ class Proposal:
         context: the drafter's own context (drafter-vocab ids) before drafting; None for model-free drafters.
         drafts: the drafter tokens behind the proposals (drafter vocabulary).
         spans: per proposal, the drafter-token span it was made from (len m); empty for model-free drafters.
-        hidden: (len(drafts), H) the drafter's last-layer hidden state at each drafted token, when asked for.
+        hidden: (n, H) the drafter's last-layer hidden state at each drafted token, when asked for
+            (n >= len(drafts): an n-gram drafter's ``drafts`` stop at the merged proposals' end, its
+            hidden states and probabilities cover every token it drafted; spans index into both).
         draft_probs: the drafter's probability of each drafted token at the temperature asked for
             (acceptance-head labels), else None.
     """

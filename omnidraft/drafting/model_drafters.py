@@ -287,7 +287,7 @@ class NgramDrafter(DirectMapDrafter):
 
     Args:
         learn: whether the cache is filled online (False: OSD, which drafts directly mapped tokens
-            only); read by the session when it attaches the builder.
+            only); read by :func:`omnidraft.learn.observers.step_observers` when it attaches the builder.
     """
 
     def __init__(self, model, tokenizer, bridge: VocabBridge, target_vocab_size: int,
@@ -360,11 +360,13 @@ class NgramDrafter(DirectMapDrafter):
 
     @contextmanager
     def paused(self):
-        """Draft without touching the stream's counters (warm-up; observers are off then, so the
-        cache is not filled)."""
-        saved = self.hits_total
+        """Draft without touching the stream's cache or counters (warm-up): observers are off then,
+        so the cache is not filled, and drafting on a copy keeps its lookup statistics and its
+        LRU / LFU order (merging touches entries) as they were."""
+        saved, self.ngram = (self.ngram, self.hits_total), NgramCache.from_state_dict(self.ngram.state_dict())
         try:
             with super().paused():
                 yield self
         finally:
-            self.hits_total = saved
+            self.ngram, self.hits_total = saved
+            self.refresh_mask()

@@ -18,9 +18,6 @@ from typing import Callable, Sequence
 
 from omnidraft.core.feedback import Span
 
-# One target proposal made from drafter tokens ``draft[start:end]`` (the decode loop's Span).
-Merged = Span
-
 
 @dataclass
 class NgramCache:
@@ -84,7 +81,7 @@ class NgramCache:
         self._by_seq.move_to_end(seq)
         self._uses[seq] += 1
 
-    def merge(self, draft: Sequence[int], direct: Callable[[int], int]) -> list[Merged]:
+    def merge(self, draft: Sequence[int], direct: Callable[[int], int]) -> list[Span]:
         """Translate drafter tokens into target proposals.
 
         Args:
@@ -94,7 +91,7 @@ class NgramCache:
             merged proposals covering a prefix of ``draft``; scanning stops at the first drafter
             token that is neither a cache hit's start nor directly mapped.
         """
-        out: list[Merged] = []
+        out: list[Span] = []
         i, k = 0, len(draft)
         while i < k:
             hit = None
@@ -109,13 +106,13 @@ class NgramCache:
                 t, n, seq = hit
                 self.hits += 1
                 self._touch(seq)
-                out.append(Merged(t, i, i + n))
+                out.append(Span(t, i, i + n))
                 i += n
                 continue
             t = direct(draft[i])
             if t < 0:
                 break
-            out.append(Merged(t, i, i + 1))
+            out.append(Span(t, i, i + 1))
             i += 1
         return out
 

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import torch
 
-from omnidraft.core.decode import Proposal
+from omnidraft.core.feedback import Proposal
 from omnidraft.errors import OmniDraftError
 
 

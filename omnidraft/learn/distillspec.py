@@ -7,7 +7,7 @@ response is tokenised on both sides and aligned byte for byte: a drafter token t
 one target token at the same offset, and maps to it through the direct map, is a training position
 whose teacher distribution is that target row (renormalised over the target tokens the drafter can
 reach). Positions where the tokenisations disagree are skipped. Each prompt becomes one
-:class:`omnidraft.learn.online.Example` (context = drafter prompt, drafts = drafter response), trained
+:class:`omnidraft.learn.buffer.Example` (context = drafter prompt, drafts = drafter response), trained
 by :class:`omnidraft.learn.online.OnlineLearner` with a divergence loss (fkl, rkl, jsd, tvd).
 """
 
@@ -19,9 +19,7 @@ from omnidraft.choices import DISTILL_DATA
 from omnidraft.core import kv
 from omnidraft.core.decode import generate
 from omnidraft.drafting.direct_map import Retokenizer, VocabBridge
-from omnidraft.learn.online import Example
-
-DATA = DISTILL_DATA  # drafter (on-policy) | target
+from omnidraft.learn.buffer import Example
 
 
 def aligned_positions(t_ids: list[int], d_ids: list[int], bridge: VocabBridge) -> list[tuple[int, int]]:
@@ -70,8 +68,8 @@ def make_example(seq: int, target, target_tok, draft_model, draft_tok, bridge: V
     Returns:
         (example or None when no position aligns, stats: response tokens and aligned positions).
     """
-    if data not in DATA:
-        raise ValueError(f"data must be one of {DATA}, got {data!r}")
+    if data not in DISTILL_DATA:
+        raise ValueError(f"data must be one of {DISTILL_DATA}, got {data!r}")
     text = bridge.target_text_bytes(prompt_ids).decode("utf-8", errors="replace")
     d_prompt = draft_tok.encode(text, add_special_tokens=True)
     retok = Retokenizer(draft_tok, bridge.draft_bytes, bridge.draft_bytes_to_id)

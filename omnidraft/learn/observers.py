@@ -23,6 +23,9 @@ def use_length_policy(drafter, policy, head_learner=None) -> None:
 def step_observers(drafter, *, policy=None, head=None, learner=None) -> list:
     """The observers of ``drafter``'s steps: ``policy`` (its draft-length policy), ``head`` (the
     acceptance-head learner), ``learner`` (online distillation), and the n-gram cache builder when
-    the drafter is an :class:`NgramDrafter` that learns its cache. None entries are left out."""
+    the drafter is an :class:`NgramDrafter` that learns its cache. None entries are left out. A
+    ``head`` makes the drafter record what it trains on (hidden states, token probabilities)."""
+    if head is not None:
+        drafter.record_hidden, drafter.token_probs = True, head.label
     builder = NgramCacheBuilder(drafter) if isinstance(drafter, NgramDrafter) and drafter.learn else None
     return [o for o in (policy, head, learner, builder) if o is not None]

@@ -29,12 +29,10 @@ from omnidraft.core.feedback import StepFeedback, require_rows
 from omnidraft.drafting.direct_map import VocabBridge
 from omnidraft.learn.acceptance_head import step_labels
 from omnidraft.learn.buffer import Example, batches, make_example
-from omnidraft.learn.lora import merge_lora_into, merge_lora_state, with_lora
+from omnidraft.learn.lora import merge_lora_into, with_lora
 from omnidraft.learn.losses import LOSSES, hybrid_loss, lifted_log_probs, ngram_nll
 from omnidraft.learn.training import draft_logits
 from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
-
-__all__ = ["Example", "OnlineLearner", "merge_lora_state", "with_lora"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,7 +113,7 @@ class OnlineLearner:
         self.tree = tree and kv.tree_mask_ok(self.train_model)
         self.n_updates = 0
         self._seq = 0
-        self.head = None  # an adaptive.HeadLearner trained jointly: L_distill + L_head in one update
+        self.head = None  # an acceptance_head.HeadLearner trained jointly: L_distill + L_head in one update
 
     def attach_head(self, head_learner) -> None:
         """Train ``head_learner``'s acceptance head jointly with the drafter (the paper's 'joint'
