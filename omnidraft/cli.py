@@ -3,7 +3,9 @@
 Subcommands: ``omnidraft distill [overrides]`` (DistillSpec's offline distillation, config
 ``conf/distill.yaml``), ``omnidraft bench [overrides]`` (methods compared in one process,
 config ``conf/bench.yaml``), ``omnidraft trace [overrides]`` (the target's greedy decoding of a
-task's prompts recorded for replay, config ``conf/trace.yaml``, :mod:`omnidraft.trace`) and
+task's prompts recorded for replay, config ``conf/trace.yaml``, :mod:`omnidraft.trace`),
+``omnidraft calibrate [overrides]`` (this machine's forward latency of target and drafter, which a
+replay's modelled speed reads, config ``conf/calibrate.yaml``, :mod:`omnidraft.calibrate`) and
 ``omnidraft tables {core,adaptive,bench} [--results DIR]``
 (``<results>/<group>/table.md`` from the result files, :mod:`omnidraft.tables`; no config).
 
@@ -81,7 +83,14 @@ def _check_trace(cfg) -> None:
     check_trace_config(cfg)
 
 
-_CHECKS = {"config": _check_run, "distill": _check_distill, "bench": _check_bench, "trace": _check_trace}
+def _check_calibrate(cfg) -> None:
+    from omnidraft.calibrate import check_calibrate_config
+
+    check_calibrate_config(cfg)
+
+
+_CHECKS = {"config": _check_run, "distill": _check_distill, "bench": _check_bench, "trace": _check_trace,
+           "calibrate": _check_calibrate}
 
 
 def _run(config_name: str, cfg):
@@ -93,6 +102,10 @@ def _run(config_name: str, cfg):
         from omnidraft.trace import run_trace
 
         return run_trace(cfg)
+    if config_name == "calibrate":
+        from omnidraft.calibrate import run_calibrate
+
+        return run_calibrate(cfg)
     if config_name == "bench":
         from omnidraft.bench import run_bench
 
@@ -147,7 +160,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     argv = sys.argv[1:]
     config_name = "config"
-    if argv and argv[0] in ("distill", "bench", "trace"):
+    if argv and argv[0] in ("distill", "bench", "trace", "calibrate"):
         config_name = argv.pop(0)
         sys.argv = [sys.argv[0]] + argv  # Hydra parses the overrides only
     try:

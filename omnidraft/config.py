@@ -265,6 +265,18 @@ class TraceConfig:
 
 
 @dataclass
+class CalibrateConfig:
+    """``omnidraft calibrate``: per-machine forward latencies of target and drafter, see omnidraft.calibrate."""
+
+    # new tokens per forward measured (after a cached context); values >= 1, checked by the command
+    tokens_per_forward: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 12, 16])
+    context_tokens: int = in_range(1, default=256)  # the cached prefix each forward continues
+    repeats: int = in_range(1, default=7)  # timed forwards per n (median, min, max)
+    warmup: int = in_range(0, default=2)  # untimed rounds first
+    out: Optional[str] = None  # null: <paths.results_dir>/calibration/<target>-<drafter>/<machine>_<dtype>_<threads>t.json
+
+
+@dataclass
 class DecodeConfig:
     max_new_tokens: int = in_range(1, default=128)
 
@@ -285,6 +297,7 @@ class Config:
     distill: DistillConfig = field(default_factory=DistillConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     logger: Dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = field(default_factory=PathsConfig)
     run_dir: str = MISSING

@@ -198,6 +198,23 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else 0.0
 
 
+def modelled_speedup(tokens_per_step: float, sd_step_s: float, ar_step_s: float) -> float:
+    """The paper / Medusa convention: tokens per step over the relative step latency.
+
+    ``speed/modelled_speedup`` of :func:`summarise` (from measured step times) and of
+    :func:`omnidraft.calibrate.modelled_speedup` (from a latency calibration) are this one formula.
+
+    Args:
+        tokens_per_step: new target tokens per speculative step (``accept/mean_len``).
+        sd_step_s: seconds of one speculative step (drafting + verification, prefill excluded).
+        ar_step_s: seconds of one plain autoregressive step (a one-token target forward).
+
+    Returns:
+        ``tokens_per_step / (sd_step_s / ar_step_s)``; 0.0 where a denominator is 0.
+    """
+    return _ratio(tokens_per_step, _ratio(sd_step_s, ar_step_s))
+
+
 def acceptance(rows: list[dict[str, Any]]) -> float | None:
     """Accepted over proposed tokens, totals over ``rows`` (None when nothing was proposed)."""
     p = total(rows, "sd/proposed")
@@ -296,13 +313,12 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
         s["speed/ar_tok_per_s"] = tok_per_s(paired, "ar")
         s["speed/speedup"] = speedup(paired)
         if all("ar/steps" in r for r in paired):  # legacy bench rows did not record ar's steps
-            # Paper / Medusa convention: tokens per step / (SD step latency / plain step latency).
             sd_step = _ratio(total(paired, "sd/draft_s") + total(paired, "sd/target_s"), total(paired, "sd/steps"))
             ar_step = _ratio(total(paired, "ar/target_s"), total(paired, "ar/steps"))
             s["speed/sd_step_s"] = sd_step
             s["speed/ar_step_s"] = ar_step
-            s["speed/modelled_speedup"] = _ratio(_ratio(total(paired, "sd/new_tokens"), total(paired, "sd/steps")),
-                                                 _ratio(sd_step, ar_step))
+            s["speed/modelled_speedup"] = modelled_speedup(
+                _ratio(total(paired, "sd/new_tokens"), total(paired, "sd/steps")), sd_step, ar_step)
         if greedy:
             s["lossless/match_rate"] = sum(bool(r["lossless/match"]) for r in paired) / len(paired)
     return s
