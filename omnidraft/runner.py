@@ -283,7 +283,7 @@ class Session:
         if dl.head_mode == "joint" and dl.head_learn and self.learner is not None:
             self.learner.attach_head(self.head_learner)  # one update on L_distill + L_head
         self.length_policy = HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max)
-        use_length_policy(self.drafter, self.length_policy, self.head_learner)
+        use_length_policy(self.drafter, self.length_policy)
 
     def _gamma(self, task: str) -> float:
         """The head's stop threshold: gamma_infer (a frozen head), gamma, or ``task.head_gamma`` of

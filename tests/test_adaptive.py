@@ -96,7 +96,7 @@ def test_lossless_whatever_lengths_the_policy_picks(pair_llama2_qwen, policy):
     lengths = set()
     if policy == "head":
         learner = HeadLearner(AcceptanceHead(drafter.config.hidden_size), mode="interleaved", lr=1e-2)
-        use_length_policy(d, HeadPolicy(learner.head, gamma=0.6, k_max=8), learner)
+        use_length_policy(d, HeadPolicy(learner.head, gamma=0.6, k_max=8))
         obs = step_observers(d, policy=d.policy, head=learner)
     else:
         use_length_policy(d, HeuristicK(k_start=2, k_max=8))
@@ -130,7 +130,7 @@ def test_greedy_head_labels_follow_verification(pair_llama2_qwen, label):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     spy = _Spy(AcceptanceHead(drafter.config.hidden_size), mode="joint", label=label)
-    use_length_policy(d, HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    use_length_policy(d, HeadPolicy(spy.head, gamma=0.9, k_max=6))
     obs = step_observers(d, policy=d.policy, head=spy)
     for text in PROMPTS[:4]:
         generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16, observers=obs)
@@ -148,7 +148,7 @@ def test_a_verification_without_proposals_feeds_nothing(pair_llama2_qwen):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     spy = _Spy(AcceptanceHead(drafter.config.hidden_size), mode="joint")
-    use_length_policy(d, HeuristicK(k_start=4, k_max=8), spy)
+    use_length_policy(d, HeuristicK(k_start=4, k_max=8))
     obs = step_observers(d, policy=d.policy, head=spy)
 
     def step(prop, new, n, rows):  # what the decode loop does after verifying
@@ -290,7 +290,7 @@ def _joint_setup(pair, lr=1e-2):
     spy = _HiddenSpy(AcceptanceHead(drafter.config.hidden_size), mode="joint", lr=lr)
     learner.attach_head(spy)
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
-    use_length_policy(d, HeadPolicy(spy.head, gamma=0.9, k_max=6), spy)
+    use_length_policy(d, HeadPolicy(spy.head, gamma=0.9, k_max=6))
     obs = step_observers(d, policy=d.policy, head=spy, learner=learner)
     for text in PROMPTS[:3]:
         generate(target, ttok.encode(text), drafter=d, k=6, max_new_tokens=16, observers=obs)
@@ -376,7 +376,7 @@ def test_the_head_learns_with_a_direct_map_drafter_too(pair_llama2_qwen):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = DirectMapDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
     learner = HeadLearner(AcceptanceHead(drafter.config.hidden_size), mode="interleaved", lr=1e-2)
-    use_length_policy(d, HeadPolicy(learner.head, gamma=0.6, k_max=8), learner)
+    use_length_policy(d, HeadPolicy(learner.head, gamma=0.6, k_max=8))
     for text in PROMPTS[:3]:
         generate(target, ttok.encode(text), drafter=d, k=8, max_new_tokens=16,
                  observers=step_observers(d, policy=d.policy, head=learner))

@@ -11,13 +11,10 @@ from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.learn.ngram_builder import NgramCacheBuilder
 
 
-def use_length_policy(drafter, policy, head_learner=None) -> None:
-    """Make ``drafter`` consult ``policy`` (FixedK / HeuristicK / HeadPolicy) while drafting, and
-    record what ``head_learner`` (an acceptance-head learner, or None) trains on: hidden states and
-    the drafted tokens' probabilities at its label temperature."""
+def use_length_policy(drafter, policy) -> None:
+    """Make ``drafter`` consult ``policy`` (FixedK / HeuristicK / HeadPolicy) while drafting; the
+    policy observes the steps when passed to :func:`step_observers`."""
     drafter.policy = policy
-    drafter.record_hidden = head_learner is not None
-    drafter.token_probs = head_learner.label if head_learner is not None else None
 
 
 def step_observers(drafter, *, policy=None, head=None, learner=None) -> list:
