@@ -156,9 +156,10 @@ def own_memory_gib(sess, shared) -> float:
 
 def run_bench(cfg: DictConfig) -> dict[str, Any]:
     from omnidraft import state as state_io
+    from omnidraft.config import task_templates
     from omnidraft.data.tasks import load_stream, render
     from omnidraft.lifecycle import to_plain
-    from omnidraft.runner import Session, task_templates, uses_draft_model
+    from omnidraft.runner import Session, uses_draft_model
 
     check_bench(cfg)
     resolve_dtypes(cfg)  # each method's config resolves `auto` the same way when its models load

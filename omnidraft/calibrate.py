@@ -62,10 +62,9 @@ from tqdm.auto import tqdm
 from omnidraft import tables
 from omnidraft.config import check_schema
 from omnidraft.core import kv
-from omnidraft.data.models import LoadedModel, load_model
+from omnidraft.data.models import LoadedModel, load_model, sliding_window
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, to_plain, write_json
-from omnidraft.runner import sliding_window
 
 FORMAT = 1
 KIND = "omnidraft-latency-calibration"

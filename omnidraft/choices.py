@@ -11,6 +11,12 @@ from __future__ import annotations
 
 # method.engine: this package's decode loop | transformers' assisted generation
 ENGINES = ("omnidraft", "hf_assisted")
+# engine: verify with the target model | replay the target's recorded greedy trajectory (omnidraft trace)
+RUN_ENGINES = ("live", "replay")
+# protocol: one online stream over the task | adapt on a train slice, evaluate frozen on the test prompts
+PROTOCOLS = ("stream", "train_test")
+# replay.rows: the target rows of learning observers from two batched forwards | live's forwards replayed
+REPLAY_ROWS = ("batched", "stepwise")
 # method.drafts_with: a drafter LM | model-free lookup in the context (PLD) | no drafter (ar, hf_ar)
 DRAFTS_WITH = ("model", "lookup", "none")
 # method.verify: greedy, exact | OmniDraft's approximate q' product rule for n-gram proposals

@@ -94,6 +94,23 @@ class ModelConfig:
 
 
 @dataclass
+class TrainSplitConfig:
+    """The TRAIN slice of a task for ``protocol=train_test``: disjoint from the test prompts (checked)."""
+
+    task: Optional[str] = None  # null: the task itself (same source and file), from ``offset``
+    offset: int = in_range(0, default=0)  # where the train slice starts in that task's stream
+
+
+@dataclass
+class TrainTestConfig:
+    """``protocol=train_test``: adapt online over ``train_limit`` train prompts, evaluate frozen on
+    the test prompts (``task``) before training, every ``eval_every`` train prompts and at the end."""
+
+    train_limit: int = in_range(1, default=400)
+    eval_every: int = in_range(0, default=100)  # 0: before and after training only
+
+
+@dataclass
 class TaskConfig:
     """A prompt stream (conf/task/*.yaml).
 
@@ -121,6 +138,7 @@ class TaskConfig:
     exec_timeout_s: float = 10.0
     exec_memory_mb: int = 1024
     head_gamma: float = in_range(0, 1, default=0.7, open_ends=True)  # 0.7 where the paper gives no preset
+    train: TrainSplitConfig = field(default_factory=TrainSplitConfig)  # protocol=train_test's train slice
 
 
 @dataclass
@@ -277,6 +295,18 @@ class CalibrateConfig:
 
 
 @dataclass
+class ReplayConfig:
+    """``engine=replay``: the target trace and the latency calibration a replay reads (omnidraft.runner)."""
+
+    trace: Optional[str] = None  # null: the trace directory omnidraft trace writes for this target and task
+    # null: <paths.results_dir>/calibration/<target>-<drafter>/<this machine>_<dtype>_<threads>t.json
+    calibration: Optional[str] = None
+    # the target rows learners need: batched (two forwards per prompt; live's rows up to float
+    # rounding) | stepwise (live verification's own forwards replayed: bit-identical, as slow)
+    rows: str = one_of(choices.REPLAY_ROWS, default="batched")
+
+
+@dataclass
 class DecodeConfig:
     max_new_tokens: int = in_range(1, default=128)
 
@@ -298,6 +328,13 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    # live: the target verifies every step | replay: a target trace does (greedy only; see ReplayConfig)
+    # stream: adapt online over the task's prompts, measured as they go | train_test: the paper's
+    # protocol, adapt over a disjoint train slice (task.train) and evaluate frozen on the test prompts
+    protocol: str = one_of(choices.PROTOCOLS, default="stream")
+    train_test: TrainTestConfig = field(default_factory=TrainTestConfig)
+    engine: str = one_of(choices.RUN_ENGINES, default="live")
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     logger: Dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = field(default_factory=PathsConfig)
     run_dir: str = MISSING
@@ -380,3 +417,8 @@ def task_defaults(name: str) -> DictConfig:
     node.name = name
     OmegaConf.set_readonly(node, True)
     return node
+
+
+def task_templates(t) -> dict[str, str]:
+    """Prompt templates of a task config node, by task name (component tasks too)."""
+    return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}

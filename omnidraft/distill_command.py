@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
-from omnidraft.config import check_schema
+from omnidraft.config import check_schema, task_templates
 from omnidraft.data.models import load_model
 from omnidraft.data.tasks import format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import build_bridge
@@ -33,7 +33,6 @@ from omnidraft.learn.buffer import Example
 from omnidraft.learn.distillspec import make_example
 from omnidraft.learn.online import OnlineLearner
 from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, to_plain
-from omnidraft.runner import task_templates
 
 
 def check_distill(cfg: DictConfig) -> None:

@@ -90,7 +90,10 @@ def group_choices() -> dict[str, str]:
 
 
 def command_overrides(cfg: DictConfig) -> list[str]:
-    """The command line's overrides under Hydra, else ``cfg.overrides`` (tests, notebooks)."""
+    """``cfg.overrides`` where set (tests, notebooks, a config derived from another:
+    :func:`omnidraft.runner.train_stream_config`), else the command line's overrides under Hydra."""
+    if cfg.get("overrides"):
+        return list(cfg.overrides)
     try:
         from hydra.core.hydra_config import HydraConfig
 

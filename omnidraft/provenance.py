@@ -25,7 +25,8 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform reports."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -86,7 +87,7 @@ def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
         "versions": versions,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         **cpu_isa(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -15,16 +15,17 @@ from typing import Any
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
-from omnidraft.config import check_schema, task_defaults
+from omnidraft.config import TaskConfig, check_schema, task_defaults, task_templates
 from omnidraft.core.decode import generate
-from omnidraft.data.models import LoadedModel, load_model
+from omnidraft.core.verifiers import TraceVerifier, rows_at_end
+from omnidraft.data.models import LoadedModel, load_model, sliding_window
 from omnidraft.data.quality import score as quality_score
 from omnidraft.data.quality import summarise_quality
-from omnidraft.data.tasks import format_prompt, load_stream, render
+from omnidraft.data.tasks import Record, format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import build_bridge, tokenizer_hash
 from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.errors import OmniDraftError
@@ -42,7 +43,8 @@ from omnidraft.lifecycle import (
     resolve_dtypes,
     to_plain,
 )
-from omnidraft.tables import by_task, drafter_row, prompt_row, summarise
+from omnidraft.replay import Replay, check_replay_config, open_replay
+from omnidraft.tables import by_task, drafter_row, prompt_row, summarise, train_test_summary
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
 RUNTIME_ARGS = {
@@ -60,6 +62,8 @@ def check_config(cfg: DictConfig) -> None:
         runtime[f"logger.{name}"] = LOGGER_RUNTIME_ARGS
     check_targets(cfg, runtime)
     m, dl = cfg.method, cfg.method.draft_length
+    if cfg.engine == "replay":
+        check_replay_config(cfg)
     if m.engine == "hf_assisted":
         if m.temperature > 0 or m.adapt.enabled or dl.policy != "fixed":
             raise OmniDraftError(f"method {m.name!r} runs transformers' assisted generation: greedy, frozen, "
@@ -138,11 +142,6 @@ def check_disjoint(cfg: DictConfig) -> None:
                       "comparison)", stacklevel=2)
 
 
-def task_templates(t) -> dict[str, str]:
-    """Prompt templates of a task config node, by task name (component tasks too)."""
-    return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}
-
-
 def uses_draft_model(m) -> bool:
     """Whether a method needs a drafter LM (``method.drafts_with: model``; prompt lookup and the
     target alone do not)."""
@@ -174,6 +173,7 @@ class Session:
         self.head_learner = None
         self.length_policy = None  # the model drafter's draft-length policy (omnidraft.learn.draft_length)
         self.observers: list = []  # learn from every step, in this order (omnidraft.core.feedback)
+        self.verifier: TraceVerifier | None = None  # engine=replay (use_trace); None: the target verifies
         self._observing = True
         self.hf = None
         m = cfg.method
@@ -231,6 +231,16 @@ class Session:
             self.observers = step_observers(self.drafter, policy=self.length_policy, head=self.head_learner,
                                             learner=self.learner)
 
+    def use_trace(self, trajectories: dict[tuple[int, ...], list[int]], rows: str = "batched") -> None:
+        """Verify by replaying the target's recorded greedy trajectories (``engine=replay``)
+        instead of running the target per step. Observers that learn from the target's rows get
+        them at the end of each generation, from one batched target forward
+        (:func:`omnidraft.core.verifiers.rows_at_end`; ``rows``: ``batched`` or ``stepwise``, see
+        :class:`omnidraft.core.verifiers.TraceVerifier`)."""
+        needs_rows = any(getattr(o, "needs_rows", False) for o in self.observers)
+        self.verifier = TraceVerifier(trajectories, target=self.target.model if needs_rows else None, rows=rows)
+        self.observers = rows_at_end(self.observers, self.verifier)
+
     def prompt_ids(self, text: str | list[dict[str, str]]) -> list[int]:
         """Target token ids for one user message or a conversation (chat template when the
         target has one and ``target.chat_template``)."""
@@ -249,7 +259,8 @@ class Session:
         if self.hf is not None and not baseline:
             return self.hf.generate(prompt_ids, max_new_tokens=n_new, eos_ids=self.target.eos_ids,
                                     temperature=m.temperature, generator=g)
-        return generate(self.target.model, prompt_ids, drafter=None if baseline else self.drafter,
+        verifier = self.verifier if self.verifier is not None and not baseline else self.target.model
+        return generate(verifier, prompt_ids, drafter=None if baseline else self.drafter,
                         k=self.draft_k(), max_new_tokens=n_new,
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g,
                         observers=self.observers if self._observing else ())
@@ -388,18 +399,64 @@ class Session:
                     "decode.max_new_tokens or use shorter prompts")
 
 
-def sliding_window(config) -> int | None:
-    """The attention window of models with sliding-window layers (e.g. Gemma-3), else None."""
-    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
-        return int(config.sliding_window)
-    return None
+def train_stream_config(cfg: DictConfig) -> DictConfig:
+    """The config of ``protocol=train_test``'s TRAIN stream: ``cfg`` with its task node replaced by
+    the train slice (``task.train``: the same task from ``task.train.offset``, or another task,
+    ``train_test.train_limit`` prompts) and its recorded overrides rewritten to match, so that the
+    trace and the commands derived from it (:func:`omnidraft.trace.trace_command`) are the train
+    stream's."""
+    t = to_plain(cfg.task)
+    tr, n = t["train"], int(cfg.train_test.train_limit)
+    same = tr["task"] in (None, t["name"])
+    node = dict(t) if same else to_plain(task_defaults(tr["task"]))
+    node.update(offset=int(tr["offset"]), limit=n, preset=None)
+    dropped = ("task.offset", "task.limit", "task.preset") if same else ("task", "task.")
+
+    def key(o: str) -> str:
+        return o.split("=")[0].lstrip("+~")
+
+    over = [o for o in command_overrides(cfg)
+            if not (key(o) in dropped or (not same and key(o).startswith("task.")))]
+    over += ([] if same else [f"task={tr['task']}"]) + [f"task.offset={int(tr['offset'])}", f"task.limit={n}"]
+    out = cfg.copy()
+    with open_dict(out):
+        out.task = OmegaConf.merge(OmegaConf.structured(TaskConfig), node)
+        out.overrides = over
+    return out
+
+
+def check_train_test(test: list[Record], train: list[Record], templates: dict[str, str], test_cfg, train_cfg) -> None:
+    """Refuse train and test slices that share a prompt (compared by their first turn's text).
+
+    Raises:
+        OmniDraftError: the overlap, with the slices and how to move the train slice.
+    """
+    at = {render(r, 0, templates): j for j, r in enumerate(test)}
+    both = [(at[x], i) for i, x in enumerate(render(r, 0, templates) for r in train) if x in at]
+    if both:
+        j, i = both[0]
+        off = int(test_cfg.offset)
+        raise OmniDraftError(
+            f"protocol=train_test: the train and test slices share {len(both)} prompt(s) (first: test record "
+            f"{test[j].id!r} is train prompt {i}); test = {test_cfg.name} {off}..{off + len(test) - 1}, train = "
+            f"{train_cfg.name} {int(train_cfg.offset)}..{int(train_cfg.offset) + len(train) - 1}: move "
+            f"task.train.offset past the test slice (>= {off + len(test)}) or pass task.train.task=<another task>")
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Run one experiment; returns the summary (also written to ``run_dir/summary.json``).
 
+    ``protocol=stream``: the task's prompts in order, the drafter adapting online as they go, each
+    measured as it is decoded. ``protocol=train_test`` (the paper's): the drafter adapts online over
+    a disjoint TRAIN slice (``task.train``, ``train_test.train_limit`` prompts) and is evaluated
+    frozen on the TEST prompts (``task``) before training, every ``train_test.eval_every`` train
+    prompts and after the last; rows carry ``phase`` (train / test) and, for test rows, ``eval/at``
+    (train prompts seen). ``engine=replay`` verifies against target traces
+    (:mod:`omnidraft.replay`).
+
     With ``checkpoint_every`` the online state (weights, optimiser, n-gram cache, rows, stream
-    position) is saved atomically every N prompts and at the end; ``resume=true`` continues from it.
+    position) is saved atomically every N (train) prompts, after each evaluation and at the end;
+    ``resume=true`` continues from it.
     """
     check_config(cfg)
     resolve_dtypes(cfg)
@@ -410,10 +467,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         check_resume(cfg, saved.meta["fingerprint"], f"from {state_dir}",
                      "resume with the run's original overrides, or start a new run_dir")
     ctx = RunContext(cfg, command_overrides(cfg))
+    train_test = cfg.protocol == "train_test"
+    train_cfg = train_stream_config(cfg) if train_test else None
 
     t_load = time.perf_counter()
     sess = Session(cfg)
-    records = load_stream(to_plain(cfg.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed))
+    cache = Path(cfg.paths.cache_dir)
+    records = load_stream(to_plain(cfg.task), cache, seed=int(cfg.seed))  # train_test: the TEST prompts
+    train_records = load_stream(to_plain(train_cfg.task), cache, seed=int(cfg.seed)) if train_test else []
     load_s = time.perf_counter() - t_load
 
     rows: list[dict[str, Any]] = []
@@ -427,9 +488,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     log = ctx.open_log()
 
     greedy = cfg.method.temperature <= 0
-    measure = cfg.method.name != "ar" and cfg.measure_baseline
+    replaying = cfg.engine == "replay"  # the trace is the target's output: no ar baseline to measure
+    measure = cfg.method.name != "ar" and cfg.measure_baseline and not replaying
+    replay: Replay | None = None
     every = max(1, int(cfg.baseline_every))
-    t = cfg.task
+    adapt_cfg = train_cfg if train_test else cfg
+    t = adapt_cfg.task
     meta = {"fingerprint": fingerprint(cfg), "segments": ctx.segments,
             # the prompts this state adapted on (their number is next_index), for runner.check_disjoint
             "train_split": {"task": t.name, "offset": int(t.offset), "shuffle": bool(t.shuffle),
@@ -438,12 +502,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                            "drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
 
     def summary_of(status: str) -> dict[str, Any]:
-        summary = summarise(rows, greedy, int(cfg.metrics_window))
-        summary.update(summarise_quality(rows))
-        summary.update(by_task(rows, greedy, int(cfg.metrics_window)))
+        window = int(cfg.metrics_window)
+        if train_test:
+            summary = train_test_summary(rows, greedy, window)
+        else:
+            summary = summarise(rows, greedy, window)
+            summary.update(summarise_quality(rows))
+            summary.update(by_task(rows, greedy, window))
         summary.update({
             "status": status,
-            "n_records": len({r["prompt/index"] for r in rows}),
+            "protocol": cfg.protocol,
+            "n_records": len({r["prompt/index"] for r in rows if r.get("phase", "train") == "train"}),
             "method": cfg.method.name, "target": cfg.target.name,
             "drafter": sess.draft_lm.name if sess.draft_lm is not None else None,
             "task": cfg.task.name, "k": int(cfg.method.k), "temperature": float(cfg.method.temperature),
@@ -454,66 +523,120 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "resumed_at": ctx.resumed_at,
             "choices": group_choices(),
         })
+        if train_test:
+            summary.update({"train_task": train_cfg.task.name, "train_offset": int(train_cfg.task.offset),
+                            "test_offset": int(cfg.task.offset), "n_test": len(records),
+                            "eval_every": int(cfg.train_test.eval_every)})
         if sess.bridge is not None:
             summary.update(sess.bridge.stats())
+        summary["engine"] = cfg.engine
+        if replay is not None:
+            summary.update(replay.info)
+            ctx.prov["replay"] = replay.info
         summary["provenance"] = ctx.prov
         return summary
 
     with ctx.finishing(summary_of):
         templates = sess.templates()
-        first = []
-        for r in records:
-            ids = sess.prompt_ids(render(r, 0, templates))
-            sess.check_context(r.id, len(ids))
-            first.append(ids)
+
+        def prompt_ids_of(recs: list[Record]) -> list[list[int]]:
+            out = []
+            for r in recs:
+                ids = sess.prompt_ids(render(r, 0, templates))
+                sess.check_context(r.id, len(ids))
+                out.append(ids)
+            return out
+
+        first = prompt_ids_of(records)
+        train_first = prompt_ids_of(train_records)
+        if train_test:
+            check_train_test(records, train_records, templates, cfg.task, train_cfg.task)
+        if replaying:
+            uses_model = uses_draft_model(cfg.method)
+            replay = open_replay(cfg, sess.target.tokenizer, records, first, uses_model)
+            if train_test:
+                replay.merge(open_replay(train_cfg, sess.target.tokenizer, train_records, train_first, uses_model))
+            sess.use_trace(replay.trajectories, rows=str(cfg.replay.rows))
         with sess.paused():
-            for ids in first[: int(cfg.warmup_prompts)]:  # warm-up, not logged, learns nothing
+            for ids in (train_first or first)[: int(cfg.warmup_prompts)]:  # warm-up, not logged, learns nothing
                 sess.generate(ids, max_new_tokens=16)
                 if measure:
                     sess.generate(ids, baseline=True, max_new_tokens=16)
-        bar = tqdm(total=len(records), initial=start, desc=f"{cfg.method.name} {t.name}",
-                   unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
-        for i in range(start, len(records)):
-            r = records[i]
-            with_ar = measure and i % every == 0
+        ar_cache: dict[tuple[int, int], Any] = {}  # train_test: each test prompt's ar, measured once
+
+        def decode(r: Record, i: int, ids0: list[int], *, learn: bool, with_ar: bool, task: str,
+                   extra: dict[str, Any]) -> None:
+            """Decode every turn of record ``r`` (stream index ``i``), log a row per turn; ``learn``:
+            online updates after its last turn."""
             history: list[dict[str, str]] = []
             for turn in range(len(r.turns)):
                 history.append({"role": "user", "content": render(r, turn, templates)})
-                ids = first[i] if turn == 0 else sess.prompt_ids(history)
+                ids = ids0 if turn == 0 else sess.prompt_ids(history)
                 if turn:
                     sess.check_context(f"{r.id} turn {turn + 1}", len(ids))
                 seed = int(cfg.seed) * 1_000_003 + i + 100_003 * turn
-                ar = None
+                ar = ar_cache.get((i, turn)) if not learn else None
                 ar_first = (i // every) % 2 == 1  # alternates over the measured prompts, whatever `every`
-                if with_ar and ar_first:
+                if with_ar and ar is None and ar_first:
                     ar = sess.generate(ids, baseline=True, seed=seed)
-                sess.set_task(r.metadata.get("task", t.name))
+                sess.set_task(r.metadata.get("task", task))
                 before = sess.drafter_stats()
                 sd = sess.generate(ids, seed=seed)
-                if with_ar and not ar_first:
+                if with_ar and ar is None and not ar_first:
                     ar = sess.generate(ids, baseline=True, seed=seed)
+                if ar is not None and not learn:
+                    ar_cache[(i, turn)] = ar
                 answer = sess.target.tokenizer.decode(sd.tokens, skip_special_tokens=True)
-                row = {"prompt/id": r.id, "prompt/index": i, "prompt/turn": turn,
-                       "task": r.metadata.get("task", t.name), "prompt/tokens": len(ids), **prompt_row(sd, ar),
+                tn = task_defaults(task) if task != cfg.task.name else cfg.task
+                row = {**extra, "prompt/id": r.id, "prompt/index": i, "prompt/turn": turn,
+                       "task": r.metadata.get("task", task), "prompt/tokens": len(ids), **prompt_row(sd, ar),
                        **drafter_row(before, sess.drafter_stats(), len(sd.steps)),
-                       **quality_score(r, turn, answer, sd.n_new, execute_code=bool(t.execute_code),
-                                       timeout=float(t.exec_timeout_s), memory_mb=int(t.exec_memory_mb))}
+                       **quality_score(r, turn, answer, sd.n_new, execute_code=bool(tn.execute_code),
+                                       timeout=float(tn.exec_timeout_s), memory_mb=int(tn.exec_memory_mb))}
+                if replay is not None:
+                    row.update(replay.row(sd))
                 row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
                 history.append({"role": "assistant", "content": answer})
-                last_turn = turn == len(r.turns) - 1
                 if sess.head_learner is not None:
                     row.update(sess.head_learner.calibration())
-                if last_turn:
+                if learn and turn == len(r.turns) - 1:
                     row.update(sess.after_prompt(i, progress=bool(cfg.progress)))
                 rows.append(row)
                 log.log(row, step=len(rows) - 1)
-            if ctx.checkpoint_due(i, len(records)):
+
+        def postfix(bar, recs: list[dict[str, Any]]) -> None:
+            summary = summarise(recs, greedy, int(cfg.metrics_window))
+            post = {"acc": f"{summary['accept/rate']:.2f}", "len": f"{summary['accept/mean_len']:.2f}"}
+            for key, name in (("speed/speedup", "speedup"), ("speed/modelled_speedup", "modelled")):
+                if key in summary:
+                    post[name] = f"{summary[key]:.2f}x"
+            bar.set_postfix(post)
+
+        stream, stream_first = (train_records, train_first) if train_test else (records, first)
+        evals: list[int] = []
+        if train_test:
+            n, ev = len(train_records), int(cfg.train_test.eval_every)
+            done = {r["eval/at"] for r in rows if r.get("phase") == "test"}
+            evals = sorted({0, n, *(range(ev, n, ev) if ev else ())} - done)
+        bar = tqdm(total=len(stream), initial=start, desc=f"{cfg.method.name} {adapt_cfg.task.name}",
+                   unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
+        for i in range(start, len(stream) + 1):
+            if evals and evals[0] == i:  # frozen: nothing learns, the n-gram cache is put back after
+                evals.pop(0)
+                with sess.paused():
+                    for j, r in enumerate(tqdm(records, desc=f"test after {i} train prompts", unit="prompt",
+                                               disable=not cfg.progress, leave=False, dynamic_ncols=True)):
+                        decode(r, j, first[j], learn=False, with_ar=measure, task=cfg.task.name,
+                               extra={"phase": "test", "eval/at": i})
+                state_io.save(state_dir, sess.state(i, rows, meta))
+            if i == len(stream):
+                break
+            r = stream[i]
+            decode(r, i, stream_first[i], learn=True, with_ar=measure and not train_test and i % every == 0,
+                   task=adapt_cfg.task.name, extra={"phase": "train"} if train_test else {})
+            if ctx.checkpoint_due(i, len(stream)):
                 state_io.save(state_dir, sess.state(i + 1, rows, meta))
             bar.update(1)
-            summary = summarise(rows, greedy, int(cfg.metrics_window))
-            post = {"acc": f"{summary['accept/rate']:.2f}", "len": f"{summary['accept/mean_len']:.2f}"}
-            if "speed/speedup" in summary:
-                post["speedup"] = f"{summary['speed/speedup']:.2f}x"
-            bar.set_postfix(post)
+            postfix(bar, [x for x in rows if x.get("phase", "train") == "train"])
         bar.close()
     return ctx.summary

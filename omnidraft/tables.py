@@ -46,6 +46,10 @@ key                          meaning
 ``speed/ar_tok_per_s``       ar's tokens per second
 ``speed/speedup``            the row's tokens/s over ar's
 ``lossless/match``           the method emitted ar's tokens exactly
+``speed/modelled_speedup``   engine=replay: the row's speedup modelled from this machine's latency
+                             calibration (``speed/modelled_sd_s``: its steps' modelled seconds,
+                             ``speed/modelled_ar_step_s``: one plain step's); wall times of a
+                             replay are the drafter's alone
 ``lossless/first_mismatch``  first differing position (-1: equal)
 ``draft/mean_len``           stream: drafter tokens per step (model drafters)
 ``ngram/size``               stream: n-gram cache entries after the prompt (``ngram/bytes`` its size)
@@ -321,6 +325,53 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
                 _ratio(total(paired, "sd/new_tokens"), total(paired, "sd/steps")), sd_step, ar_step)
         if greedy:
             s["lossless/match_rate"] = sum(bool(r["lossless/match"]) for r in paired) / len(paired)
+    modelled = [r for r in rows if "speed/modelled_sd_s" in r]  # engine=replay: a latency calibration's model
+    if modelled:
+        n_steps = total(modelled, "sd/steps")
+        s["speed/sd_step_s"] = _ratio(total(modelled, "speed/modelled_sd_s"), n_steps)
+        s["speed/ar_step_s"] = modelled[0]["speed/modelled_ar_step_s"]
+        s["speed/modelled_speedup"] = modelled_speedup(_ratio(total(modelled, "sd/new_tokens"), n_steps),
+                                                       s["speed/sd_step_s"], s["speed/ar_step_s"])
+    return s
+
+
+# the keys of one evaluation in a train_test run's ``dynamics`` (the paper's Figure 2)
+DYNAMICS_KEYS = ("n_prompts", "accept/rate", "accept/mean_len", "speed/speedup", "speed/modelled_speedup")
+
+
+def train_test_summary(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dict[str, Any]:
+    """The summary of a ``protocol=train_test`` run.
+
+    Args:
+        rows: the run's rows: ``phase`` train (the adapting stream) or test (``eval/at``: after that
+            many train prompts, the drafter frozen).
+        greedy: as :func:`summarise`.
+        window: as :func:`summarise`.
+
+    Returns:
+        :func:`summarise` and the quality of the LAST evaluation's test rows at the top level (the
+        paper's Table 1: results on the test set after training), with its ``eval/at``; the train
+        stream's ``train/accept/*``, ``train/adapt/*``, ``train/ngram/*`` keys; and ``dynamics``,
+        one entry per evaluation (``eval/at`` and :data:`DYNAMICS_KEYS`), in training order.
+    """
+    train = [r for r in rows if r.get("phase") == "train"]
+    tests = [r for r in rows if r.get("phase") == "test"]
+    ats = sorted({int(r["eval/at"]) for r in tests})
+    by_at = {at: [r for r in tests if r["eval/at"] == at] for at in ats}
+    s: dict[str, Any] = {}
+    if ats:
+        s.update(summarise(by_at[ats[-1]], greedy, window))
+        s.update(summarise_quality(by_at[ats[-1]]))
+        s["eval/at"] = ats[-1]
+    s["n_train_prompts"] = len({r["prompt/index"] for r in train})
+    if train:
+        s.update({f"train/{k}": v for k, v in summarise(train, greedy, window).items()
+                  if k.startswith(("accept/", "adapt/", "ngram/", "draft/", "head/"))})
+    dyn = []
+    for at in ats:
+        e = summarise(by_at[at], greedy, window)
+        dyn.append({"eval/at": at, **{k: e[k] for k in DYNAMICS_KEYS if k in e}})
+    s["dynamics"] = dyn
     return s
 
 

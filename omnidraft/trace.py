@@ -45,14 +45,13 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from omnidraft.config import check_schema
+from omnidraft.config import check_schema, task_templates
 from omnidraft.core.decode import generate
-from omnidraft.data.models import load_model
+from omnidraft.data.models import load_model, sliding_window
 from omnidraft.data.tasks import Record, format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import tokenizer_hash
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, to_plain, write_json
-from omnidraft.runner import sliding_window, task_templates
 
 FORMAT = 1
 META_FILE = "meta.json"

@@ -73,7 +73,7 @@ def test_python_api_generates_text():
 def test_sliding_window_models_are_detected():
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
-    from omnidraft.runner import sliding_window
+    from omnidraft.data.models import sliding_window
 
     assert sliding_window(Gemma3TextConfig(sliding_window=512)) == 512
     assert sliding_window(Qwen2Config()) is None and sliding_window(LlamaConfig()) is None

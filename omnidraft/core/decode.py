@@ -14,8 +14,9 @@ neither hydra nor wandb.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ContextManager, Protocol, Sequence
+from typing import ContextManager, Protocol
 
 import torch
 
@@ -50,11 +51,16 @@ class Drafter(Protocol):
 
 @dataclass
 class StepRecord:
+    """One step: target proposals, accepted, emitted tokens, drafting and verification seconds, and
+    the drafter's forwards (tokens each fed; whether they returned hidden states)."""
+
     proposed: int
     accepted: int
     emitted: int
     draft_s: float
     target_s: float
+    draft_feeds: tuple[int, ...] = ()
+    draft_hidden: bool = False
 
 
 @dataclass
@@ -109,7 +115,8 @@ def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k
         k: draft length per step.
         temperature: 0 for greedy, else sampling temperature for both models.
         generator: explicit randomness for sampling.
-        observers: learn from every step's :class:`StepFeedback`, in this order.
+        observers: learn from every step's :class:`StepFeedback`, in this order; an observer's
+            optional ``finish()`` is called once the generation ends.
     """
     assert prompt_ids, "empty prompt"
     verifier: Verifier = as_verifier(target)
@@ -146,9 +153,15 @@ def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k
                 for o in observers:
                     o.observe(fb)
         t3 = time.perf_counter()
-        res.steps.append(StepRecord(len(prop.ids), n, len(new), (t1 - t0) + (t3 - t2), t2 - t1))
+        res.steps.append(StepRecord(len(prop.ids), n, len(new), (t1 - t0) + (t3 - t2), t2 - t1,
+                                    prop.feeds, prop.fed_hidden))
         if stop_at is not None:
             res.stop = "eos"
             break
+    if drafter is not None:
+        for o in observers:
+            finish = getattr(o, "finish", None)
+            if finish is not None:
+                finish()
     res.wall_s = time.perf_counter() - t_start
     return res

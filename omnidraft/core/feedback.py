@@ -10,8 +10,9 @@ acceptance-head learner, the draft-length policy, the n-gram cache builder. Draf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -46,6 +47,10 @@ class Proposal:
             hidden states and probabilities cover every token it drafted; spans index into both).
         draft_probs: the drafter's probability of each drafted token at the temperature asked for
             (acceptance-head labels), else None.
+        feeds: the tokens each drafter forward of the step fed, in order (the first one what the
+            last step emitted, re-tokenised; the others one draft each); empty for model-free
+            drafters. With ``fed_hidden``, whether those forwards also returned hidden states: what
+            a latency model needs (:class:`omnidraft.calibrate.StepShape`).
     """
 
     ids: list[int]
@@ -55,6 +60,8 @@ class Proposal:
     spans: Sequence[Span] = ()
     hidden: torch.Tensor | None = None
     draft_probs: list[float] | None = None
+    feeds: tuple[int, ...] = ()
+    fed_hidden: bool = False
 
 
 @dataclass
@@ -106,7 +113,10 @@ class StepFeedback:
 
 class Observer(Protocol):
     """Learns from steps. ``start`` is called when a prompt begins (after the drafter's), ``observe``
-    after every step (after the drafter has synced its context)."""
+    after every step (after the drafter has synced its context), and ``finish``, where an observer
+    has one, when the generation ends. An observer that learns from ``StepFeedback.rows`` says so
+    with ``needs_rows = True`` (under replay it is then fed at the end of the generation, rows
+    filled in: :func:`omnidraft.core.verifiers.rows_at_end`)."""
 
     def start(self, prompt_ids: list[int]) -> None: ...
 

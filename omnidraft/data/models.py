@@ -13,9 +13,10 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -258,3 +259,10 @@ def fixed_init(model: torch.nn.Module, seed: int, std: float) -> None:
             p.copy_(torch.randn(p.shape, generator=g) * 0.02)
         else:
             p.fill_(1.0)
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of models with sliding-window layers (e.g. Gemma-3), else None."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return int(config.sliding_window)
+    return None

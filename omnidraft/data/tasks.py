@@ -208,7 +208,9 @@ def from_hub(name: str, split: str | None = None) -> list[Record]:
 
 
 def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list[Record]:
-    """Read a JSONL file in the normalised schema; a bad line fails or is skipped (with a warning)."""
+    """Read a JSONL file: each line in the normalised schema, or, for a known task, in the
+    dataset's own fields (a local copy of the hub dataset: XSum's ``document``, ``summary``,
+    ``id``; GSM8K's ``question``, ``answer``; ...). A bad line fails or is skipped (with a warning)."""
     if on_bad_record not in ("fail", "skip"):
         raise OmniDraftError(f"task.on_bad_record={on_bad_record!r}: use fail or skip")
     path = Path(path).expanduser()
@@ -221,6 +223,11 @@ def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list
                 continue
             try:
                 d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise TypeError("not a JSON object")
+                if "turns" not in d and name in TASKS:  # the dataset's own fields (XSum: document, summary, id)
+                    recs.append(TASKS[name].normalise(d, len(recs)))
+                    continue
                 turns = d["turns"]
                 if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
                     raise ValueError("'turns' must be a non-empty list of strings")
@@ -229,7 +236,8 @@ def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list
             except (ValueError, KeyError, TypeError) as e:
                 msg = f"{path}:{n}: bad record ({type(e).__name__}: {e})"
                 if on_bad_record == "fail":
-                    raise OmniDraftError(f"{msg}; fix the line or set task.on_bad_record=skip") from None
+                    raise OmniDraftError(f"{msg}; fix the line (the normalised schema, or {name}'s own fields) "
+                                         "or set task.on_bad_record=skip") from None
                 bad.append(msg)
     if bad:
         import warnings

@@ -136,7 +136,9 @@ class _ModelDrafter:
         label_t = 1.0 if self.token_probs == "t1" else temperature
         tok_p: list[float] | None = [] if self.token_probs is not None and label_t > 0 else None
         self.policy.begin()
+        feeds: list[int] = []
         for _ in range(self.policy.max_len(k)):
+            feeds.append(len(feed))
             if want_hidden:
                 logits, h = kv.forward_hidden(self.model, feed, self.cache)
                 logits = logits.float()
@@ -160,6 +162,7 @@ class _ModelDrafter:
             feed = [d]
         self._stable = len(self.ids)
         self.last_drafts = drafts
+        self.last_feeds = tuple(feeds)
         self.drafted_total += len(drafts)
         return drafts, qs, hidden, tok_p
 
@@ -173,7 +176,7 @@ class _ModelDrafter:
         q = torch.stack([self._lift(x) for x in qs]) if qs else None
         spans = [Span(self._to_target(d), i, i + 1) for i, d in enumerate(drafts)]
         return Proposal([s.target_id for s in spans], q, ctx, drafts, spans,
-                        torch.stack(hidden) if hidden else None, tok_p)
+                        torch.stack(hidden) if hidden else None, tok_p, self.last_feeds, bool(hidden))
 
 
 class SameVocabDrafter(_ModelDrafter):
@@ -329,7 +332,7 @@ class NgramDrafter(DirectMapDrafter):
         q = torch.stack([self._q_prime(m, drafts, qs) for m in merged]) if qs and merged else None
         spans = [Span(m.target_id, m.start, m.end) for m in merged]
         return Proposal([s.target_id for s in spans], q, ctx, drafts[: merged[-1].end] if merged else [], spans,
-                        torch.stack(hidden) if hidden else None, tok_p)
+                        torch.stack(hidden) if hidden else None, tok_p, self.last_feeds, bool(hidden))
 
     def _q_prime(self, m, drafts: list[int], qs: list[torch.Tensor]) -> torch.Tensor:
         """The paper's q' for one merged proposal, in target space."""

@@ -100,6 +100,8 @@ class HeadLearner:
             't1' (min(1, p/q) at T=1).
     """
 
+    needs_rows = True  # learns from the verification rows (omnidraft.core.feedback.Observer)
+
     def __init__(self, head: AcceptanceHead, *, mode: str = "joint", lr: float = 1e-3,
                  mismatch_weight: float = 6.0, batch_size: int = 64, replay: int = 4096,
                  steps: int = 4, every: int = 1, seed: int = 0, learn: bool = True, label: str = "verify"):

@@ -68,6 +68,8 @@ class OnlineLearner:
     DistillSpec any of them offline.
     """
 
+    needs_rows = True  # learns from the verification rows (omnidraft.core.feedback.Observer)
+
     def __init__(self, model, bridge: VocabBridge, *, lam: float = 0.2, loss: str = "kl_nll",
                  lr: float = 1e-4, weight_decay: float = 0.01, batch_size: int = 8,
                  steps_per_update: int = 1, seed: int = 0, context_grad: bool = False,

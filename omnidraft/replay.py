@@ -1,0 +1,181 @@
+"""``engine=replay``: a stream verified by the target's recorded greedy trajectories.
+
+The runner (:func:`omnidraft.runner.run`) decodes the same prompts with the same decode loop,
+drafters and observers as a live run; only the verifier differs
+(:class:`omnidraft.core.verifiers.TraceVerifier`): acceptance comes from comparing proposals with
+the trace, and learning observers get the target's rows in one batched forward per prompt
+(:func:`omnidraft.core.verifiers.rows_at_end`). Speed is modelled from this machine's latency
+calibration (``omnidraft calibrate``): ``speed/modelled_speedup``.
+
+This module opens what a replay reads and checks it against the run: :func:`open_replay`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from omnidraft.calibrate import (
+    Calibration,
+    StepShape,
+    calibration_path,
+    check_calibration,
+    load_calibration,
+    machine_slug,
+    modelled_speedup,
+    step_seconds,
+)
+from omnidraft.core.decode import GenerationResult
+from omnidraft.data.tasks import Record
+from omnidraft.errors import OmniDraftError
+from omnidraft.lifecycle import command_overrides
+from omnidraft.provenance import cpu_name
+from omnidraft.trace import LINES_FILE, META_FILE, check_trace, read_trace, request_for, trace_command, trace_dir
+
+
+@dataclass
+class Replay:
+    """What a replay run reads.
+
+    Attributes:
+        trajectories: prompt ids (every turn of every record of the run) -> the trace's output ids.
+        calibration: this machine's latency calibration, or None for a method with no target
+            steps to model (``ar``: its modelled speedup is 1 by definition).
+        info: the ``replay/*`` provenance: trace directory, sha256 of its lines file, lines used,
+            the calibration file and its machine.
+    """
+
+    trajectories: dict[tuple[int, ...], list[int]]
+    calibration: Calibration | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def merge(self, other: Replay) -> None:
+        """Add another stream's trajectories (protocol=train_test: the train slice's trace); its
+        trace is recorded under ``replay/train_*``."""
+        self.trajectories.update(other.trajectories)
+        self.info.update({k.replace("replay/trace", "replay/train_trace"): v for k, v in other.info.items()
+                          if k.startswith("replay/trace")})
+
+    def row(self, sd: GenerationResult) -> dict[str, float]:
+        """One generation's modelled speed keys (:func:`step_shapes`)."""
+        if self.calibration is None:
+            return {}
+        shapes = step_shapes(sd)
+        return {"speed/modelled_sd_s": sum(step_seconds(self.calibration, s) for s in shapes),
+                "speed/modelled_ar_step_s": self.calibration.target_s(1),
+                "speed/modelled_speedup": modelled_speedup(self.calibration, shapes, sd.n_new)}
+
+
+def step_shapes(sd: GenerationResult) -> list[StepShape]:
+    """The forwards of every step of a generation, for the latency model.
+
+    The target's forward feeds the pending token and the proposals. The drafter's forwards feed
+    what its step recorded (:attr:`omnidraft.core.decode.StepRecord.draft_feeds`), except that the
+    first step's first forward, which also prefills the drafter with the prompt, counts as one
+    token: prefill is left out of the modelled speedup, on both sides.
+    """
+    out = []
+    for i, s in enumerate(sd.steps):
+        feeds = tuple(s.draft_feeds)
+        if i == 0 and feeds:
+            feeds = (1, *feeds[1:])
+        out.append(StepShape(s.proposed + 1, feeds, s.draft_hidden))
+    return out
+
+
+def check_replay_config(cfg: DictConfig) -> None:
+    """What ``engine=replay`` refuses before a model loads.
+
+    Raises:
+        OmniDraftError: sampling (a trace is one greedy trajectory), or a method that runs
+            transformers' own generation loop (it has no verifier seam).
+    """
+    m = cfg.method
+    if float(m.temperature) > 0:
+        raise OmniDraftError(f"engine=replay verifies greedily against a recorded target trace; "
+                             f"method.temperature={float(m.temperature):g} samples: set method.temperature=0 "
+                             "or verify live (engine=live)")
+    if m.engine == "hf_assisted":
+        raise OmniDraftError(f"method={m.name} runs transformers' own generation loop, which cannot replay a "
+                             "trace: run it with engine=live")
+
+
+# the config groups whose overrides decide a calibration's models, dtypes and file
+_CALIBRATE_GROUPS = ("target", "drafter", "paths", "debug", "pair", "experiment")
+
+
+def calibrate_command_for(cfg: DictConfig, threads: int) -> str:
+    """The ``omnidraft calibrate`` command that makes the calibration a replay of ``cfg`` reads: the
+    run's overrides of the groups that decide it, and this process's thread count."""
+    keep = [o for o in command_overrides(cfg)
+            if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in _CALIBRATE_GROUPS]
+    return " ".join(["omnidraft calibrate", *(shlex.quote(o) for o in keep), f"threads={threads}"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def open_replay(cfg: DictConfig, tokenizer, records: Sequence[Record], first_prompt_ids: Sequence[Sequence[int]],
+                uses_drafter_model: bool) -> Replay:
+    """Read and check the trace and the calibration a replay of ``cfg`` needs.
+
+    Args:
+        cfg: the run's config (dtypes resolved).
+        tokenizer: the run's target tokenizer.
+        records: the run's prompt stream.
+        first_prompt_ids: each record's first-turn prompt in target ids.
+        uses_drafter_model: the method drafts with a model (its latency is then checked to be the
+            run's drafter's, in its dtype).
+
+    Returns:
+        The trajectories of every prompt the run decodes, the calibration and the provenance.
+
+    Raises:
+        OmniDraftError: no trace, one that does not fit the run (:func:`omnidraft.trace.check_trace`),
+            no calibration for this machine, or one of another pair or dtype; each on one line
+            with the command that makes the right one.
+    """
+    path = Path(cfg.replay.trace) if cfg.replay.trace else trace_dir(cfg)
+    if not (path / META_FILE).is_file():
+        raise OmniDraftError(f"engine=replay needs a target trace and {path} holds none; make it with: "
+                             f"{trace_command(cfg)}")
+    trace = read_trace(path)
+    want = request_for(cfg, tokenizer, records, first_prompt_ids)
+    check_trace(trace, want)
+    trajectories: dict[tuple[int, ...], list[int]] = {}
+    for p in want.prompts:
+        for turn in range(p.turns):
+            line = trace.get(p.index, turn)
+            trajectories[tuple(line.prompt_ids)] = list(line.output_ids)
+    info: dict[str, Any] = {"replay/trace": str(path), "replay/trace_sha256": _sha256(path / LINES_FILE),
+                            "replay/trace_lines": len(trajectories),
+                            "replay/trace_dtype": trace.identity["target"].get("dtype")}
+    cal = None
+    if cfg.method.name != "ar":
+        threads = torch.get_num_threads()
+        device = str(cfg.target.device)
+        cal_path = Path(cfg.replay.calibration) if cfg.replay.calibration else \
+            calibration_path(cfg, machine_slug(device, cpu_name()), threads)
+        drafter = str(cfg.drafter.name) if cfg.drafter is not None else "none"
+        drafter_dtype = str(cfg.drafter.dtype) if uses_drafter_model else None
+        if not cal_path.is_file():
+            raise OmniDraftError(f"engine=replay models speed from this machine's latency calibration, and "
+                                 f"{cal_path} does not exist: make it with `{calibrate_command_for(cfg, threads)}` "
+                                 "(or pass replay.calibration=FILE)")
+        cal = load_calibration(cal_path)
+        check_calibration(cal, str(cfg.target.name), drafter if uses_drafter_model else cal.drafter.name,
+                          str(cfg.target.dtype), drafter_dtype)
+        info.update({"replay/calibration": str(cal_path), "replay/calibration_machine": cal.machine})
+    return Replay(trajectories, cal, info)

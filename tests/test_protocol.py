@@ -1,0 +1,131 @@
+"""The paper's protocol (``protocol=train_test``) and ``engine=replay`` through the runner, on tiny
+models: adapt over a disjoint train slice, evaluate frozen on the test prompts every N train prompts
+(the dynamics rows), the same run replayed from target traces equals the live one, and every bad
+input is one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONF_DIR, one_error_line
+from hydra import compose, initialize_config_dir
+
+from omnidraft.calibrate import run_calibrate
+from omnidraft.config import register_configs
+from omnidraft.errors import OmniDraftError
+from omnidraft.runner import run, train_stream_config
+from omnidraft.trace import run_trace
+
+N_NEW = 16
+BASE = ["debug=tiny", "task=gsm8k", "task.limit=3", f"decode.max_new_tokens={N_NEW}", "logger=none", "progress=false",
+        "warmup_prompts=1"]
+PROTOCOL = ["protocol=train_test", "train_test.train_limit=4", "train_test.eval_every=2", "method.adapt.interval=2"]
+
+
+def _cfg(tmp: Path, name: str, *over: str, config: str = "config"):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        over = [*BASE, f"paths.results_dir={tmp}/results", *over]
+        return compose(config, overrides=[f"run_dir={tmp}/{name}", *over, f"overrides={json.dumps(over)}"])
+
+
+def _rows(d: Path) -> list[dict]:
+    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("protocol")
+    return tmp, run(_cfg(tmp, "live", *PROTOCOL))
+
+
+def test_train_test_adapts_on_train_and_evaluates_frozen_on_test(live):
+    tmp, s = live
+    rows = _rows(tmp / "live")
+    test = [r for r in rows if r["phase"] == "test"]
+    train = [r for r in rows if r["phase"] == "train"]
+    assert [r["prompt/id"] for r in train] == ["200", "201", "202", "203"]  # GSM8K test 200.. is the train slice
+    assert [(r["eval/at"], r["prompt/id"]) for r in test] == [(at, str(j)) for at in (0, 2, 4) for j in range(3)]
+    assert sum("adapt/loss" in r for r in train) == 2 and not any("adapt/loss" in r for r in test)
+    # evaluation is frozen: the n-gram cache after an evaluation is the one before it
+    sizes = [(r["phase"], r.get("eval/at"), r["ngram/size"]) for r in rows]
+    for (ph, at, n), (ph2, _, n2) in zip(sizes, sizes[1:]):
+        if ph == "test" and ph2 == "test":
+            assert n2 == n
+    assert s["protocol"] == "train_test" and s["eval/at"] == 4 and s["n_prompts"] == 3 and s["n_train_prompts"] == 4
+    assert [d["eval/at"] for d in s["dynamics"]] == [0, 2, 4]
+    assert all("accept/rate" in d and "speed/speedup" in d for d in s["dynamics"])
+    assert s["train_offset"] == 200 and s["test_offset"] == 0 and "train/adapt/n_updates" in s
+
+
+def test_train_test_replay_equals_live(live, tmp_path):
+    """The same run from target traces: the same steps, outputs and losses, speed modelled."""
+    tmp, _ = live
+    cfg = _cfg(tmp, "unused", *PROTOCOL, "engine=replay")
+    for c in (cfg, train_stream_config(cfg)):  # the test slice's trace, then the train slice's
+        t = c.task
+        run_trace(_cfg(tmp, f"trace_{t.offset}", f"task.offset={t.offset}", f"task.limit={t.limit}", config="trace"))
+    run_calibrate(_cfg(tmp, "cal", "calibrate.repeats=2", "calibrate.warmup=1", "calibrate.context_tokens=32",
+                       "threads=1", config="calibrate"))
+    s = run(_cfg(tmp, "replay", *PROTOCOL, "engine=replay", "threads=1"))
+    a, b = _rows(tmp / "live"), _rows(tmp / "replay")
+    assert [(r["phase"], r["prompt/id"], r["sd/step_proposed"], r["sd/step_accepted"], r["text/output"]) for r in a] == \
+        [(r["phase"], r["prompt/id"], r["sd/step_proposed"], r["sd/step_accepted"], r["text/output"]) for r in b]
+    for x, y in zip(a, b):
+        if "adapt/loss" in x:
+            assert y["adapt/loss"] == pytest.approx(x["adapt/loss"], rel=1e-5)
+    assert s["engine"] == "replay" and s["speed/modelled_speedup"] > 0
+    assert all("speed/modelled_speedup" in d for d in s["dynamics"])
+    assert s["replay/trace_lines"] == 3 and s["replay/train_trace_lines"] == 4 and len(s["replay/trace_sha256"]) == 64
+    assert "speed/speedup" not in s  # no ar baseline is decoded under replay
+
+
+def test_overlapping_slices_are_refused(tmp_path):
+    with pytest.raises(OmniDraftError, match=r"share 2 prompt\(s\).*task.train.offset past the test slice \(>= 3\)"):
+        run(_cfg(tmp_path, "r", *PROTOCOL, "task.train.offset=1"))
+
+
+def test_train_slice_of_another_task(tmp_path):
+    cfg = train_stream_config(_cfg(tmp_path, "r", *PROTOCOL, "task=alpaca", "task.limit=2"))
+    assert cfg.task.name == "alpaca_sample" and cfg.task.offset == 0 and cfg.task.limit == 4
+    assert "task=alpaca_sample" in cfg.overrides and "task=alpaca" not in cfg.overrides
+
+
+def test_xsum_from_a_local_copy_with_its_own_fields(tmp_path):
+    """XSum's own fields (document, summary, id) through task.source=local, first 2 as test and the
+    rest as train."""
+    f = tmp_path / "xsum.jsonl"
+    docs = [{"document": f"Article {i}: the council met on day {i} and voted on the budget.",
+             "summary": f"Council votes {i}.", "id": f"bbc-{i}"} for i in range(5)]
+    f.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    s = run(_cfg(tmp_path, "x", *PROTOCOL, "task=xsum", "task.source=local", f"task.path={f}", "task.limit=2",
+                 "task.train.offset=2", "train_test.train_limit=3", "measure_baseline=false"))
+    rows = _rows(tmp_path / "x")
+    assert [r["prompt/id"] for r in rows if r["phase"] == "train"] == ["bbc-2", "bbc-3", "bbc-4"]
+    assert {r["prompt/id"] for r in rows if r["phase"] == "test"} == {"bbc-0", "bbc-1"}
+    assert "quality/rouge1" in s
+
+
+def _cli(args, cwd):
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    return subprocess.run([sys.executable, "-m", "omnidraft", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300, check=False)
+
+
+def test_replay_bad_input_is_one_line(tmp_path):
+    base = ["engine=replay", "debug=tiny", "task.limit=2", "decode.max_new_tokens=8", "progress=false", "threads=1"]
+    one_error_line(_cli([*base, "method.temperature=0.7", "method=spd_dm"], tmp_path),
+                   "engine=replay verifies greedily", "method.temperature=0.7")
+    one_error_line(_cli([*base, "method=uag_k5"], tmp_path), "transformers' own generation loop", "engine=live")
+    one_error_line(_cli(base, tmp_path), "holds none; make it with: omnidraft trace debug=tiny task.limit=2")
+    assert _cli(["trace", "debug=tiny", "task.limit=2", "decode.max_new_tokens=8", "progress=false"],
+                tmp_path).returncode == 0
+    one_error_line(_cli(base, tmp_path), "latency calibration", "omnidraft calibrate debug=tiny threads=1")
+    one_error_line(_cli([*base, "task.limit=3"], tmp_path), "lacks 1 of this run's 3 prompts", "2 'synthetic-2'",
+                   "make them with: omnidraft trace debug=tiny", "task.limit=3")
+    one_error_line(_cli([*base, "decode.max_new_tokens=12"], tmp_path), "at most 8 new tokens")
