@@ -106,19 +106,22 @@ class ModelLatency:
     tables: dict[str, dict[int, Timing]] = field(default_factory=dict)
     source: str | None = None
 
-    def seconds(self, n: int, table: str = "forward") -> float:
+    def seconds(self, n: int, table: str = "forward", extrapolate: bool = False) -> float:
         """The median seconds of a forward of ``n`` new tokens, linear between measured ``n``.
 
         Args:
             n: new tokens fed by the forward (>= 1).
             table: ``forward``, or ``forward_hidden`` (drafter: with its last hidden state).
+            extrapolate: beyond the largest measured ``n``, scale its median by ``n / n_max``
+                instead of refusing.
 
         Returns:
             The measured median at a measured ``n``; between two measured ``n`` the linear
             interpolation of their medians.
 
         Raises:
-            OmniDraftError: ``n`` outside the measured range, or a table this model lacks.
+            OmniDraftError: ``n`` outside the measured range (above it only without
+                ``extrapolate``), or a table this model lacks.
         """
         t = self.tables.get(table)
         if not t:
@@ -127,6 +130,8 @@ class ModelLatency:
         ns = sorted(t)
         if n in t:
             return t[n].median_s
+        if extrapolate and n > ns[-1]:
+            return t[ns[-1]].median_s * n / ns[-1]
         if n > ns[-1] or n < ns[0]:
             side = f"beyond the largest calibrated n={ns[-1]}" if n > ns[-1] else \
                 f"below the smallest calibrated n={ns[0]}"
@@ -159,16 +164,17 @@ class Calibration:
     machine: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    extrapolate: bool = False  # forwards longer than measured: scaled from the largest n (replay)
 
     def target_s(self, n: int) -> float:
         """Median seconds of a target forward (all logits) feeding ``n`` new tokens
         (:meth:`ModelLatency.seconds`)."""
-        return self.target.seconds(n)
+        return self.target.seconds(n, extrapolate=self.extrapolate)
 
     def drafter_s(self, n: int, hidden: bool = False) -> float:
         """Median seconds of a drafter forward (last logits) feeding ``n`` new tokens; with
         ``hidden`` also returning its last hidden state (:meth:`ModelLatency.seconds`)."""
-        return self.drafter.seconds(n, "forward_hidden" if hidden else "forward")
+        return self.drafter.seconds(n, "forward_hidden" if hidden else "forward", extrapolate=self.extrapolate)
 
 
 @dataclass(frozen=True)

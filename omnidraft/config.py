@@ -287,7 +287,7 @@ class CalibrateConfig:
     """``omnidraft calibrate``: per-machine forward latencies of target and drafter, see omnidraft.calibrate."""
 
     # new tokens per forward measured (after a cached context); values >= 1, checked by the command
-    tokens_per_forward: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 12, 16])
+    tokens_per_forward: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 12, 16, 24])
     context_tokens: int = in_range(1, default=256)  # the cached prefix each forward continues
     repeats: int = in_range(1, default=7)  # timed forwards per n (median, min, max)
     warmup: int = in_range(0, default=2)  # untimed rounds first

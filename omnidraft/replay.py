@@ -175,6 +175,9 @@ def open_replay(cfg: DictConfig, tokenizer, records: Sequence[Record], first_pro
                                  f"{cal_path} does not exist: make it with `{calibrate_command_for(cfg, threads)}` "
                                  "(or pass replay.calibration=FILE)")
         cal = load_calibration(cal_path)
+        # a drafter forward re-feeding a long cross-vocab emission can exceed the measured n: a
+        # replay scales the largest n's time rather than stopping mid-stream
+        cal.extrapolate = True
         check_calibration(cal, str(cfg.target.name), drafter if uses_drafter_model else cal.drafter.name,
                           str(cfg.target.dtype), drafter_dtype)
         info.update({"replay/calibration": str(cal_path), "replay/calibration_machine": cal.machine})

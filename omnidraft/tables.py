@@ -493,7 +493,7 @@ def read_bench(path: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- rendering
 
-GROUPS = ("core", "adaptive", "bench")
+GROUPS = ("core", "adaptive", "bench", "replay_check")
 ORDER = {"core": ["spd_dm", "cache_pp", "dm_only", "omnidraft", "lora"],
          "adaptive": ["sv_fixed", "sv_heuristic", "sv_joint", "sv_interleaved", "xv_fixed", "xv_joint"]}
 ALIAS = {("adaptive", "xv_fixed"): ("core", "omnidraft")}  # the same stream serves both tables
@@ -792,6 +792,68 @@ def bench_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare_runs(live: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far a run (a replay) reproduces another (the live one) on the same prompts.
+
+    Args:
+        live: the reference run's rows.
+        other: the compared run's rows (matched by phase, ``eval/at``, prompt index and turn).
+
+    Returns:
+        ``prompts`` (matched), ``prompts_same_steps`` / ``steps_same`` (identical per-step
+        (proposed, accepted)), ``outputs_same`` (identical text), ``updates`` and
+        ``loss_max_rel_diff`` (largest relative difference of ``adapt/loss`` over the updates).
+    """
+    key = lambda r: (r.get("phase"), r.get("eval/at"), r["prompt/index"], r.get("prompt/turn", 0))  # noqa: E731
+    theirs = {key(r): r for r in other}
+    pairs = [(r, theirs[key(r)]) for r in live if key(r) in theirs]
+    out: dict[str, Any] = {"prompts": len(pairs), "prompts_same_steps": 0, "steps": 0, "steps_same": 0,
+                           "outputs_same": 0, "updates": 0, "loss_max_rel_diff": 0.0}
+    for a, b in pairs:
+        sa = list(zip(a["sd/step_proposed"], a["sd/step_accepted"]))
+        sb = list(zip(b["sd/step_proposed"], b["sd/step_accepted"]))
+        out["prompts_same_steps"] += sa == sb
+        out["steps"] += len(sa)
+        out["steps_same"] += sum(x == y for x, y in zip(sa, sb))
+        out["outputs_same"] += a.get("text/output") == b.get("text/output")
+        if "adapt/loss" in a and "adapt/loss" in b:
+            out["updates"] += 1
+            rel = abs(a["adapt/loss"] - b["adapt/loss"]) / max(abs(a["adapt/loss"]), 1e-12)
+            out["loss_max_rel_diff"] = max(out["loss_max_rel_diff"], rel)
+    return out
+
+
+def _wall(rows: list[dict[str, Any]]) -> float:
+    """Seconds a stream spent decoding (its method and, where measured, ar) and updating."""
+    return total(rows, "sd/wall_s") + total(rows, "ar/wall_s") + total(rows, "adapt/update_s")
+
+
+def replay_check_table(results: Path) -> str:
+    """``results/replay_check/``: the ``live`` run against every other run there (replays of it).
+
+    One row per run: how many prompts and steps it reproduces, identical outputs, the updates'
+    largest relative loss difference, its decoding + update seconds, speedups, CPU and threads.
+    """
+    base = results / "replay_check"
+    live = read_rows(base / "live")
+    head = ["run", "engine", "prompts", "prompts with identical steps", "identical steps", "identical outputs",
+            "updates", "max loss rel diff", "decode+update s", "speedup", "CPU", "threads"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in sorted(p for p in base.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists()):
+        rows, summ = read_rows(d), read_summary(d)
+        c = compare_runs(live, rows)
+        prov = summ.get("provenance") or {}
+        sp = summ.get("speed/modelled_speedup") if summ.get("engine") == "replay" else summ.get("speed/speedup")
+        lines.append("| " + " | ".join([
+            d.name, str(summ.get("engine", "live")), str(c["prompts"]),
+            f"{c['prompts_same_steps']}/{c['prompts']}", f"{c['steps_same']}/{c['steps']}",
+            f"{c['outputs_same']}/{c['prompts']}", str(c["updates"]), f"{c['loss_max_rel_diff']:.1e}",
+            f"{_wall(rows):.1f}", "-" if sp is None else f"{sp:.2f}x" + (" (modelled)" if summ.get("engine") == "replay" else ""),
+            str(prov.get("cpu_capability", "?")), str(prov.get("torch_threads", "?"))]) + " |")
+    return ("Replay against the live run (`live`): per-step (proposed, accepted), outputs and update losses, "
+            "matched by prompt.\n\n" + "\n".join(lines) + "\n")
+
+
 def render(group: str, results: Path) -> str:
     """The text of ``results/<group>/table.md``.
 
@@ -813,6 +875,8 @@ def render(group: str, results: Path) -> str:
     """
     if group == "bench":
         return bench_table(results)
+    if group == "replay_check":
+        return replay_check_table(results)
     text = stream_table(group, results) + "\n" + blocks(group, results)
     if group == "adaptive":
         text += "\n" + head_intervals(group, results)

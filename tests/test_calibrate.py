@@ -33,7 +33,7 @@ from omnidraft.config import register_configs
 from omnidraft.errors import OmniDraftError
 from omnidraft.tables import summarise
 
-NS = [1, 2, 3, 4, 5, 6, 8, 12, 16]  # the default calibrate.tokens_per_forward
+NS = [1, 2, 3, 4, 5, 6, 8, 12, 16, 24]  # the default calibrate.tokens_per_forward
 FAST = ["debug=tiny", "calibrate.repeats=3", "calibrate.warmup=1", "calibrate.context_tokens=64", "threads=1",
         "progress=false"]
 
@@ -117,6 +117,10 @@ def test_interpolation_on_a_hand_made_table():
     assert cal.drafter_s(3, hidden=True) == pytest.approx(0.00325)
     with pytest.raises(OmniDraftError, match="beyond the largest calibrated n=4"):
         cal.drafter_s(5)
+    cal.extrapolate = True  # a replay: longer forwards scale the largest n's time
+    assert cal.drafter_s(6) == pytest.approx(0.003 * 6 / 4) and cal.target_s(16) == pytest.approx(0.044)
+    with pytest.raises(OmniDraftError, match="below the smallest"):
+        cal.target_s(0)
 
 
 def test_modelled_speedup_is_the_tables_figure():

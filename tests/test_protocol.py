@@ -129,3 +129,18 @@ def test_replay_bad_input_is_one_line(tmp_path):
     one_error_line(_cli([*base, "task.limit=3"], tmp_path), "lacks 1 of this run's 3 prompts", "2 'synthetic-2'",
                    "make them with: omnidraft trace debug=tiny", "task.limit=3")
     one_error_line(_cli([*base, "decode.max_new_tokens=12"], tmp_path), "at most 8 new tokens")
+
+
+def test_cut_during_an_evaluation_and_resumed_equals_the_uninterrupted_run(live, tmp_path, monkeypatch):
+    """Crash while evaluating after 2 train prompts (the state was saved after train prompt 2),
+    resume: the same rows as the uninterrupted run, each evaluation once."""
+    from test_runner import run_until_crash
+
+    tmp, _ = live
+    over = (*PROTOCOL, "checkpoint_every=1")
+    run_until_crash(monkeypatch, _cfg(tmp_path, "cut", *over), at_row=7)  # rows: test@0 x3, train x2, test@2 ...
+    s = run(_cfg(tmp_path, "cut", *over, "resume=true"))
+    assert s["resumed_at"] == 2
+    key = ("phase", "eval/at", "prompt/id", "sd/step_accepted", "text/output", "adapt/loss", "ngram/size")
+    a, b = _rows(tmp / "live"), _rows(tmp_path / "cut")
+    assert [tuple(r.get(k) for k in key) for r in a] == [tuple(r.get(k) for k in key) for r in b]
