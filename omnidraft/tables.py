@@ -843,12 +843,14 @@ def replay_check_table(results: Path) -> str:
         rows, summ = read_rows(d), read_summary(d)
         c = compare_runs(live, rows)
         prov = summ.get("provenance") or {}
-        sp = summ.get("speed/modelled_speedup") if summ.get("engine") == "replay" else summ.get("speed/speedup")
+        replayed = summ.get("engine") == "replay"
+        sp = summ.get("speed/modelled_speedup") if replayed else summ.get("speed/speedup")
+        speed = "-" if sp is None else f"{sp:.2f}x" + (" (modelled)" if replayed else "")
         lines.append("| " + " | ".join([
             d.name, str(summ.get("engine", "live")), str(c["prompts"]),
             f"{c['prompts_same_steps']}/{c['prompts']}", f"{c['steps_same']}/{c['steps']}",
             f"{c['outputs_same']}/{c['prompts']}", str(c["updates"]), f"{c['loss_max_rel_diff']:.1e}",
-            f"{_wall(rows):.1f}", "-" if sp is None else f"{sp:.2f}x" + (" (modelled)" if summ.get("engine") == "replay" else ""),
+            f"{_wall(rows):.1f}", speed,
             str(prov.get("cpu_capability", "?")), str(prov.get("torch_threads", "?"))]) + " |")
     return ("Replay against the live run (`live`): per-step (proposed, accepted), outputs and update losses, "
             "matched by prompt.\n\n" + "\n".join(lines) + "\n")

@@ -74,8 +74,8 @@ def test_train_test_replay_equals_live(live, tmp_path):
                        "threads=1", config="calibrate"))
     s = run(_cfg(tmp, "replay", *PROTOCOL, "engine=replay", "threads=1"))
     a, b = _rows(tmp / "live"), _rows(tmp / "replay")
-    assert [(r["phase"], r["prompt/id"], r["sd/step_proposed"], r["sd/step_accepted"], r["text/output"]) for r in a] == \
-        [(r["phase"], r["prompt/id"], r["sd/step_proposed"], r["sd/step_accepted"], r["text/output"]) for r in b]
+    key = ("phase", "prompt/id", "sd/step_proposed", "sd/step_accepted", "text/output")
+    assert [tuple(r[k] for k in key) for r in a] == [tuple(r[k] for k in key) for r in b]
     for x, y in zip(a, b):
         if "adapt/loss" in x:
             assert y["adapt/loss"] == pytest.approx(x["adapt/loss"], rel=1e-5)
