@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from tqdm.auto import tqdm
 
-from omnidraft.config import CONF_DIR
+from omnidraft.config import CONF_DIR, check_stream_only
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import RunContext, check_resume, command_overrides, fingerprint, resolve_dtypes, write_json
 from omnidraft.profiling import ForwardTimer, peak_rss_gib, rss_gib
@@ -38,6 +38,7 @@ from omnidraft.tables import bench_markdown, bench_row, bench_summary
 
 
 def check_bench(cfg: DictConfig) -> None:
+    check_stream_only(cfg, "omnidraft bench")
     b = cfg.bench
     if not b.methods:
         raise OmniDraftError("bench.methods is empty; list methods, e.g. bench.methods=[ar,spd_dm,omnidraft]")

@@ -422,3 +422,18 @@ def task_defaults(name: str) -> DictConfig:
 def task_templates(t) -> dict[str, str]:
     """Prompt templates of a task config node, by task name (component tasks too)."""
     return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}
+
+
+def check_stream_only(cfg: DictConfig, command: str) -> None:
+    """Refuse, for a command that decodes live streams of its own (``omnidraft bench``, ``omnidraft
+    distill``), the run settings only the stream runner implements.
+
+    Raises:
+        OmniDraftError: ``engine=replay`` or ``protocol=train_test``.
+    """
+    if cfg.get("engine", "live") != "live":
+        raise OmniDraftError(f"{command} decodes live (engine={cfg.engine} is the stream runner's: `omnidraft "
+                             "engine=replay ...`); drop engine=")
+    if cfg.get("protocol", "stream") != "stream":
+        raise OmniDraftError(f"{command} has its own protocol (protocol={cfg.protocol} is the stream runner's: "
+                             "`omnidraft protocol=train_test ...`); drop protocol=")

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
-from omnidraft.config import check_schema, task_templates
+from omnidraft.config import check_schema, check_stream_only, task_templates
 from omnidraft.data.models import load_model
 from omnidraft.data.tasks import format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import build_bridge
@@ -38,6 +38,7 @@ from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, t
 def check_distill(cfg: DictConfig) -> None:
     """Everything that can be checked before a model loads (distill.* values: the schema's)."""
     check_schema(cfg)
+    check_stream_only(cfg, "omnidraft distill")
     if cfg.drafter is None:
         raise OmniDraftError("omnidraft distill needs a drafter model; pass drafter=<name>")
 

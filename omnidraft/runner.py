@@ -42,6 +42,7 @@ from omnidraft.lifecycle import (
     group_choices,
     resolve_dtypes,
     to_plain,
+    write_json,
 )
 from omnidraft.replay import Replay, check_replay_config, open_replay
 from omnidraft.tables import by_task, drafter_row, prompt_row, summarise, train_test_summary
@@ -234,7 +235,7 @@ class Session:
     def use_trace(self, trajectories: dict[tuple[int, ...], list[int]], rows: str = "batched") -> None:
         """Verify by replaying the target's recorded greedy trajectories (``engine=replay``)
         instead of running the target per step. Observers that learn from the target's rows get
-        them at the end of each generation, from one batched target forward
+        them at the end of each generation, from two batched target forwards
         (:func:`omnidraft.core.verifiers.rows_at_end`; ``rows``: ``batched`` or ``stepwise``, see
         :class:`omnidraft.core.verifiers.TraceVerifier`)."""
         needs_rows = any(getattr(o, "needs_rows", False) for o in self.observers)
@@ -557,6 +558,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if train_test:
                 replay.merge(open_replay(train_cfg, sess.target.tokenizer, train_records, train_first, uses_model))
             sess.use_trace(replay.trajectories, rows=str(cfg.replay.rows))
+            ctx.prov["replay"] = replay.info
+            write_json(Path(cfg.run_dir) / "provenance.json", ctx.prov)
         with sess.paused():
             for ids in (train_first or first)[: int(cfg.warmup_prompts)]:  # warm-up, not logged, learns nothing
                 sess.generate(ids, max_new_tokens=16)
@@ -621,7 +624,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         bar = tqdm(total=len(stream), initial=start, desc=f"{cfg.method.name} {adapt_cfg.task.name}",
                    unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
         for i in range(start, len(stream) + 1):
-            if evals and evals[0] == i:  # frozen: nothing learns, the n-gram cache is put back after
+            while evals and evals[0] <= i:  # frozen: nothing learns, the n-gram cache is put back after
                 evals.pop(0)
                 with sess.paused():
                     for j, r in enumerate(tqdm(records, desc=f"test after {i} train prompts", unit="prompt",

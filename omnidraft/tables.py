@@ -49,7 +49,7 @@ key                          meaning
 ``speed/modelled_speedup``   engine=replay: the row's speedup modelled from this machine's latency
                              calibration (``speed/modelled_sd_s``: its steps' modelled seconds,
                              ``speed/modelled_ar_step_s``: one plain step's); wall times of a
-                             replay are the drafter's alone
+                             replay are the drafter's, plus the target rows of its learners
 ``lossless/first_mismatch``  first differing position (-1: equal)
 ``draft/mean_len``           stream: drafter tokens per step (model drafters)
 ``ngram/size``               stream: n-gram cache entries after the prompt (``ngram/bytes`` its size)
@@ -835,6 +835,9 @@ def replay_check_table(results: Path) -> str:
     largest relative loss difference, its decoding + update seconds, speedups, CPU and threads.
     """
     base = results / "replay_check"
+    if not (base / "live" / "metrics.jsonl").is_file():
+        raise OmniDraftError(f"tables replay_check compares runs with {base / 'live'}, which holds no metrics.jsonl: "
+                             "run the live stream there first (hydra.run.dir=<results>/replay_check/live)")
     live = read_rows(base / "live")
     head = ["run", "engine", "prompts", "prompts with identical steps", "identical steps", "identical outputs",
             "updates", "max loss rel diff", "decode+update s", "speedup", "CPU", "threads"]

@@ -260,7 +260,8 @@ def check_trace(trace: Trace, want: TraceRequest) -> None:
 
     The trace must come from a target with the same tokenizer, dtype and chat-template setting,
     hold at least ``max_new_tokens`` new tokens per prompt (a trace made with more is fine: a
-    replay stops earlier), come from the same task stream, and hold every turn of every record
+    replay stops earlier; not for multi-turn records, whose later prompts hold the earlier
+    answers: they need the trace's own length), come from the same task stream, and hold every turn of every record
     asked for, under the same record id (and prompt, where given).
 
     Args:
@@ -287,6 +288,12 @@ def check_trace(trace: Trace, want: TraceRequest) -> None:
     if trace.max_new_tokens < want.max_new_tokens:
         raise OmniDraftError(f"{where} holds at most {trace.max_new_tokens} new tokens per prompt, this run asks "
                              f"decode.max_new_tokens={want.max_new_tokens}: lower it, or make a longer trace in "
+                             f"another trace.out_dir: {want.command}")
+    if trace.max_new_tokens != want.max_new_tokens and any(p.turns > 1 for p in want.prompts):
+        raise OmniDraftError(f"{where} holds {trace.max_new_tokens} new tokens per turn and this run asks "
+                             f"decode.max_new_tokens={want.max_new_tokens}: a later turn's prompt holds the earlier "
+                             f"answer, so multi-turn prompts replay only at the trace's length; pass "
+                             f"decode.max_new_tokens={trace.max_new_tokens} or make a trace of this length in "
                              f"another trace.out_dir: {want.command}")
     if want.task is not None:
         d = _first_difference(ident["task"], want.task, "task.")

@@ -108,6 +108,23 @@ def test_local_jsonl_bad_lines_and_empty_prompts(tmp_path):
         load_stream({"name": "xsum", "source": "local", "path": str(p2)}, CACHE)
 
 
+def test_local_copy_in_the_datasets_own_fields(tmp_path):
+    """A local copy of XSum (document, summary, id) or MT-Bench (question_id, category, turns) reads as
+    the hub's rows do; a line missing the prompt field is one bad-record error with its line number."""
+    p = _write(tmp_path, [json.dumps({"document": "Rain flooded roads.", "summary": "Floods.", "id": "bbc-1"}),
+                          json.dumps({"id": "n1", "turns": ["Normalised line."], "reference": "r"})])
+    recs = load_stream({"name": "xsum", "source": "local", "path": str(p)}, CACHE)
+    assert [(r.id, r.turns, r.reference) for r in recs] == [("bbc-1", ["Rain flooded roads."], "Floods."),
+                                                            ("n1", ["Normalised line."], "r")]
+    p = _write(tmp_path, [json.dumps({"question_id": 81, "category": "writing", "turns": ["a", "b"]})])
+    r = load_stream({"name": "mt_bench", "source": "local", "path": str(p)}, CACHE)[0]
+    assert (r.id, r.turns, r.metadata["category"]) == ("mt_bench/81", ["a", "b"], "writing")
+    for bad in ({"summary": "no document"}, {"document": None, "summary": "s"}):
+        p = _write(tmp_path, [json.dumps({"document": "ok", "summary": "s", "id": "0"}), json.dumps(bad)])
+        with pytest.raises(OmniDraftError, match=r"data.jsonl:2: bad record"):
+            load_stream({"name": "xsum", "source": "local", "path": str(p)}, CACHE)
+
+
 def _cli(*args, env_extra=None):
     import os
 

@@ -171,6 +171,9 @@ def test_check_trace_accepts_a_matching_trace_and_refuses_the_rest(traced, tmp_p
             "holds record 'synthetic-1' at stream index 1", "'other'")
     refused(dataclasses.replace(req, prompts=[dataclasses.replace(req.prompts[0], prompt_ids=(1, 2))]),
             "the prompt of record 'synthetic-0'")
+    short = want("task.limit=3", "decode.max_new_tokens=8")  # a later turn's prompt holds the earlier answer
+    refused(dataclasses.replace(short, prompts=[dataclasses.replace(p, turns=2) for p in short.prompts]),
+            "multi-turn prompts replay only at the trace's length", "decode.max_new_tokens=16")
 
 
 def test_two_turn_prompts_resume_mid_record(tmp_path):

@@ -81,7 +81,8 @@ class TraceVerifier:
             (EOS included when reached), as long as the generation asks for or ending at EOS.
         target: the target model, for the rows of learning observers (None: acceptance only).
         rows: how :meth:`step_rows` computes them: ``batched`` (two forwards per generation; equal
-            to live verification's rows up to float rounding) or ``stepwise`` (the live verifier's
+            to live verification's rows up to float rounding; architectures whose layers do not
+            all take one attention mask fall back to stepwise) or ``stepwise`` (the live verifier's
             own forwards, one per step, replayed: bit-identical to live on the same machine and
             threads, and as slow as live verification).
     """
@@ -141,7 +142,7 @@ class TraceVerifier:
         if not self.steps:
             return []
         model, prompt, out = self.target, self.prompt, self.out
-        if self.rows == "stepwise":
+        if self.rows == "stepwise" or not kv.tree_mask_ok(model):  # a custom tree mask needs one mask for all layers
             return self._stepwise_rows()
         need = max(pos + n for pos, _, n in self.steps) + 1  # trajectory rows: after prompt[-1], out[0], ...
         cache = kv.new_cache(model)

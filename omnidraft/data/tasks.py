@@ -61,6 +61,7 @@ DEFAULT_TEMPLATES = {
 # The paper's evaluation sizes (task.preset=paper sets task.limit when it is null).
 PAPER_SIZES = {"gsm8k": 200, "mbpp_humaneval": 228, "alpaca": 100, "xsum": 100}
 
+_NORMALISED_KEYS = {"id", "turns", "reference", "metadata"}  # a local line with other keys is in the dataset's own fields
 LOCAL_SCHEMA = ('one JSON object per line: {"id": "...", "turns": ["<prompt>", ...], '
                 '"reference": "<optional reference>", "metadata": {}}')
 
@@ -225,15 +226,17 @@ def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list
                 d = json.loads(line)
                 if not isinstance(d, dict):
                     raise TypeError("not a JSON object")
-                if "turns" not in d and name in TASKS:  # the dataset's own fields (XSum: document, summary, id)
-                    recs.append(TASKS[name].normalise(d, len(recs)))
-                    continue
-                turns = d["turns"]
+                if name in TASKS and not d.keys() <= _NORMALISED_KEYS:  # the dataset's own fields (XSum: document, ...)
+                    rec = TASKS[name].normalise(d, n - 1)
+                else:
+                    rec = Record(str(d.get("id", f"{name}/{n}")), d["turns"], d.get("reference"),
+                                 dict(d.get("metadata") or {}))
+                turns = rec.turns
                 if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                    raise ValueError("'turns' must be a non-empty list of strings")
-                recs.append(Record(str(d.get("id", f"{name}/{n}")), turns, d.get("reference"),
-                                   dict(d.get("metadata") or {})))
-            except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError("the prompt ('turns', or the dataset's own text field) must be a non-empty "
+                                     "list of strings")
+                recs.append(rec)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 msg = f"{path}:{n}: bad record ({type(e).__name__}: {e})"
                 if on_bad_record == "fail":
                     raise OmniDraftError(f"{msg}; fix the line (the normalised schema, or {name}'s own fields) "
