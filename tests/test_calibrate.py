@@ -91,8 +91,8 @@ def test_the_reader_is_exact_at_measured_n_and_linear_between(calibrated):
     a, b = cal.target_s(8), cal.target_s(12)
     assert cal.target_s(10) == pytest.approx((a + b) / 2)
     assert cal.target_s(9) == pytest.approx(a + (b - a) / 4)
-    with pytest.raises(OmniDraftError, match="n=17 tokens is beyond the largest calibrated n=16"):
-        cal.target_s(17)
+    with pytest.raises(OmniDraftError, match="n=25 tokens is beyond the largest calibrated n=24"):
+        cal.target_s(25)
     with pytest.raises(OmniDraftError, match="below the smallest"):
         cal.drafter_s(0)
 
@@ -189,7 +189,7 @@ def test_no_drafter_is_refused(tmp_path):
 
 
 def test_a_context_too_long_for_a_model_is_refused(tmp_path):
-    with pytest.raises(OmniDraftError, match="need 2064 positions, the target tiny_qwen2 has 2048"):
+    with pytest.raises(OmniDraftError, match="need 2072 positions, the target tiny_qwen2 has 2048"):
         run_calibrate(_cfg(tmp_path, "calibrate.context_tokens=2048"))
 
 
