@@ -242,15 +242,17 @@ class Session:
         self.verifier = TraceVerifier(trajectories, target=self.target.model if needs_rows else None, rows=rows)
         self.observers = rows_at_end(self.observers, self.verifier)
 
-    def prompt_ids(self, text: str | list[dict[str, str]]) -> list[int]:
+    def prompt_ids(self, text: str | list[dict[str, str]], task=None) -> list[int]:
         """Target token ids for one user message or a conversation (chat template when the
-        target has one and ``target.chat_template``)."""
+        target has one and ``target.chat_template``), with the system prompt of ``task`` (a task
+        config node; default the run's: another one for protocol=train_test's train slice)."""
         c = self.cfg
-        return format_prompt(self.target.tokenizer, text, system=c.task.system_prompt,
+        return format_prompt(self.target.tokenizer, text, system=(task or c.task).system_prompt,
                              use_chat_template=c.target.chat_template)
 
-    def templates(self) -> dict[str, str]:
-        return task_templates(self.cfg.task)
+    def templates(self, task=None) -> dict[str, str]:
+        """The prompt templates of ``task`` (default the run's task node)."""
+        return task_templates(task or self.cfg.task)
 
     def generate(self, prompt_ids: list[int], *, baseline: bool = False, seed: int = 0,
                  max_new_tokens: int | None = None):
@@ -426,14 +428,15 @@ def train_stream_config(cfg: DictConfig) -> DictConfig:
     return out
 
 
-def check_train_test(test: list[Record], train: list[Record], templates: dict[str, str], test_cfg, train_cfg) -> None:
-    """Refuse train and test slices that share a prompt (compared by their first turn's text).
+def check_train_test(test: list[Record], train: list[Record], test_cfg, train_cfg) -> None:
+    """Refuse train and test slices that share a prompt (compared by their first turn's raw text,
+    before any template).
 
     Raises:
         OmniDraftError: the overlap, with the slices and how to move the train slice.
     """
-    at = {render(r, 0, templates): j for j, r in enumerate(test)}
-    both = [(at[x], i) for i, x in enumerate(render(r, 0, templates) for r in train) if x in at]
+    at = {r.turns[0].strip(): j for j, r in enumerate(test)}
+    both = [(at[x], i) for i, x in enumerate(r.turns[0].strip() for r in train) if x in at]
     if both:
         j, i = both[0]
         off = int(test_cfg.offset)
@@ -538,20 +541,18 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return summary
 
     with ctx.finishing(summary_of):
-        templates = sess.templates()
-
-        def prompt_ids_of(recs: list[Record]) -> list[list[int]]:
+        def prompt_ids_of(recs: list[Record], task) -> list[list[int]]:
             out = []
             for r in recs:
-                ids = sess.prompt_ids(render(r, 0, templates))
+                ids = sess.prompt_ids(render(r, 0, sess.templates(task)), task)
                 sess.check_context(r.id, len(ids))
                 out.append(ids)
             return out
 
-        first = prompt_ids_of(records)
-        train_first = prompt_ids_of(train_records)
+        first = prompt_ids_of(records, cfg.task)
+        train_first = prompt_ids_of(train_records, adapt_cfg.task)
         if train_test:
-            check_train_test(records, train_records, templates, cfg.task, train_cfg.task)
+            check_train_test(records, train_records, cfg.task, train_cfg.task)
         if replaying:
             uses_model = uses_draft_model(cfg.method)
             replay = open_replay(cfg, sess.target.tokenizer, records, first, uses_model)
@@ -567,14 +568,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     sess.generate(ids, baseline=True, max_new_tokens=16)
         ar_cache: dict[tuple[int, int], Any] = {}  # train_test: each test prompt's ar, measured once
 
-        def decode(r: Record, i: int, ids0: list[int], *, learn: bool, with_ar: bool, task: str,
+        def decode(r: Record, i: int, ids0: list[int], *, learn: bool, with_ar: bool, stream_task,
                    extra: dict[str, Any]) -> None:
-            """Decode every turn of record ``r`` (stream index ``i``), log a row per turn; ``learn``:
-            online updates after its last turn."""
+            """Decode every turn of record ``r`` (stream index ``i`` of the stream of task node
+            ``stream_task``), log a row per turn; ``learn``: online updates after its last turn."""
             history: list[dict[str, str]] = []
+            task = stream_task.name
             for turn in range(len(r.turns)):
-                history.append({"role": "user", "content": render(r, turn, templates)})
-                ids = ids0 if turn == 0 else sess.prompt_ids(history)
+                history.append({"role": "user", "content": render(r, turn, sess.templates(stream_task))})
+                ids = ids0 if turn == 0 else sess.prompt_ids(history, stream_task)
                 if turn:
                     sess.check_context(f"{r.id} turn {turn + 1}", len(ids))
                 seed = int(cfg.seed) * 1_000_003 + i + 100_003 * turn
@@ -590,7 +592,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 if ar is not None and not learn:
                     ar_cache[(i, turn)] = ar
                 answer = sess.target.tokenizer.decode(sd.tokens, skip_special_tokens=True)
-                tn = task_defaults(task) if task != cfg.task.name else cfg.task
+                tn = stream_task
                 row = {**extra, "prompt/id": r.id, "prompt/index": i, "prompt/turn": turn,
                        "task": r.metadata.get("task", task), "prompt/tokens": len(ids), **prompt_row(sd, ar),
                        **drafter_row(before, sess.drafter_stats(), len(sd.steps)),
@@ -629,14 +631,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 with sess.paused():
                     for j, r in enumerate(tqdm(records, desc=f"test after {i} train prompts", unit="prompt",
                                                disable=not cfg.progress, leave=False, dynamic_ncols=True)):
-                        decode(r, j, first[j], learn=False, with_ar=measure, task=cfg.task.name,
+                        decode(r, j, first[j], learn=False, with_ar=measure, stream_task=cfg.task,
                                extra={"phase": "test", "eval/at": i})
                 state_io.save(state_dir, sess.state(i, rows, meta))
             if i == len(stream):
                 break
             r = stream[i]
             decode(r, i, stream_first[i], learn=True, with_ar=measure and not train_test and i % every == 0,
-                   task=adapt_cfg.task.name, extra={"phase": "train"} if train_test else {})
+                   stream_task=adapt_cfg.task, extra={"phase": "train"} if train_test else {})
             if ctx.checkpoint_due(i, len(stream)):
                 state_io.save(state_dir, sess.state(i + 1, rows, meta))
             bar.update(1)

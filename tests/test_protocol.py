@@ -144,3 +144,17 @@ def test_cut_during_an_evaluation_and_resumed_equals_the_uninterrupted_run(live,
     key = ("phase", "eval/at", "prompt/id", "sd/step_accepted", "text/output", "adapt/loss", "ngram/size")
     a, b = _rows(tmp / "live"), _rows(tmp_path / "cut")
     assert [tuple(r.get(k) for k in key) for r in a] == [tuple(r.get(k) for k in key) for r in b]
+
+
+def test_train_slice_prompts_take_their_own_tasks_system_prompt(tmp_path):
+    """A train slice of another task (alpaca -> alpaca_sample) is prompted as that task is (its own
+    system prompt), as its trace was made, not with the test task's."""
+    from omnidraft.runner import Session
+
+    cfg = _cfg(tmp_path, "r", *PROTOCOL, "task=alpaca", "task.limit=2", "task.system_prompt=Answer in French.")
+    train = train_stream_config(cfg)
+    assert train.task.system_prompt is None
+    sess = Session(cfg)
+    tok = sess.target.tokenizer
+    assert "Answer in French." in tok.decode(sess.prompt_ids("Hi", cfg.task))
+    assert "Answer in French." not in tok.decode(sess.prompt_ids("Hi", train.task))
