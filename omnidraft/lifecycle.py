@@ -102,6 +102,13 @@ def command_overrides(cfg: DictConfig) -> list[str]:
         return list(cfg.get("overrides") or [])
 
 
+def overrides_in(cfg: DictConfig, groups: tuple[str, ...]) -> list[str]:
+    """The run's overrides (:func:`command_overrides`) of the top-level config groups ``groups``
+    (``task=x``, ``task.limit=3``, ``+debug/...``): what a derived command must repeat."""
+    return [o for o in command_overrides(cfg)
+            if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in groups]
+
+
 def resolve_dtypes(cfg: DictConfig) -> None:
     """Replace ``dtype: auto`` of the target and drafter by what it means on this machine
     (bfloat16 where native, else float32; :func:`omnidraft.data.models.resolve_dtype`), so the saved

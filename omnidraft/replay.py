@@ -35,7 +35,7 @@ from omnidraft.calibrate import (
 from omnidraft.core.decode import GenerationResult
 from omnidraft.data.tasks import Record
 from omnidraft.errors import OmniDraftError
-from omnidraft.lifecycle import command_overrides
+from omnidraft.lifecycle import overrides_in
 from omnidraft.provenance import cpu_name
 from omnidraft.trace import LINES_FILE, META_FILE, check_trace, read_trace, request_for, trace_command, trace_dir
 
@@ -114,8 +114,7 @@ _CALIBRATE_GROUPS = ("target", "drafter", "paths", "debug", "pair", "experiment"
 def calibrate_command_for(cfg: DictConfig, threads: int) -> str:
     """The ``omnidraft calibrate`` command that makes the calibration a replay of ``cfg`` reads: the
     run's overrides of the groups that decide it, and this process's thread count."""
-    keep = [o for o in command_overrides(cfg)
-            if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in _CALIBRATE_GROUPS]
+    keep = overrides_in(cfg, _CALIBRATE_GROUPS)
     return " ".join(["omnidraft calibrate", *(shlex.quote(o) for o in keep), f"threads={threads}"])
 
 

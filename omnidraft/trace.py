@@ -51,7 +51,7 @@ from omnidraft.data.models import load_model, sliding_window
 from omnidraft.data.tasks import Record, format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import tokenizer_hash
 from omnidraft.errors import OmniDraftError
-from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, to_plain, write_json
+from omnidraft.lifecycle import RunContext, command_overrides, overrides_in, resolve_dtypes, to_plain, write_json
 
 FORMAT = 1
 META_FILE = "meta.json"
@@ -227,8 +227,7 @@ def trace_command(cfg: DictConfig) -> str:
     """The ``omnidraft trace`` command that makes (or completes) the trace of a run's prompts: the
     run's overrides of the groups a trace depends on (target, task, decode, seed, paths, trace,
     debug, experiment, pair), method and drafter ones left out."""
-    keep = [o for o in command_overrides(cfg)
-            if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in _TRACE_GROUPS]
+    keep = overrides_in(cfg, _TRACE_GROUPS)
     return " ".join(["omnidraft trace", *(shlex.quote(o) for o in keep)])
 
 
