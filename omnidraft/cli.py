@@ -32,22 +32,71 @@ def _fail(msg: str) -> None:
 
 
 def _precompose(argv: list[str], config_name: str = "config") -> None:
+    """Compose the run's config (every job's, for a sweep) and check it, so that a bad key, value or
+    group option fails in one line before any model loads or any job of a sweep starts.
+
+    Args:
+        argv: the command line's overrides and flags.
+        config_name: the primary config of the (sub)command.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from omnidraft.config import register_configs
 
-    if any(a.startswith("-") for a in argv):
-        return  # --multirun, --cfg, --help ...: leave them to Hydra
-    overrides = [a for a in argv if not a.split("=")[0].lstrip("+~").startswith("hydra")]
+    flags = [a for a in argv if a.startswith("-")]
+    if any(f not in ("-m", "--multirun") for f in flags):
+        return  # --cfg, --help, --info ...: leave them to Hydra
+    overrides = [a for a in argv if not a.startswith("-") and not a.split("=")[0].lstrip("+~").startswith("hydra")]
     register_configs()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name, overrides=overrides)
-            _CHECKS[config_name](cfg)
+            jobs = sweep_jobs(overrides, compose, config_name) if flags else [overrides]
+            for job in jobs:
+                _CHECKS[config_name](compose(config_name, overrides=job))
     except (HydraException, OmegaConfBaseException) as e:
         _fail(_explain(e))
+
+
+# Sweep dimensions that cannot make a config invalid: one value of each is checked.
+_UNCHECKED_DIMS = ("seed",)
+
+
+def sweep_jobs(overrides: list[str], compose, config_name: str = "config") -> list[list[str]]:
+    """The override lists of a sweep's jobs, as Hydra's basic sweeper builds them: the config's
+    ``hydra.sweeper.params`` (an experiment's sweep) under the command line's overrides (the
+    command line wins for a key both set), every ``a=x,y`` / ``range()`` / ``choice()`` expanded into
+    the cartesian product. Dimensions in :data:`_UNCHECKED_DIMS` keep their first value only.
+
+    Args:
+        overrides: the command line's overrides (no ``hydra.*`` keys).
+        compose: ``hydra.compose`` inside an initialised config directory.
+        config_name: the primary config.
+    """
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    given = parser.parse_overrides(overrides)
+    first = [o.input_line if not o.is_sweep_override() else
+             f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" for o in given]
+    hcfg = compose(config_name, overrides=first, return_hydra_config=True)
+    params = dict(hcfg.hydra.sweeper.get("params") or {})
+    keys = {o.get_key_element().lstrip("+~") for o in given}
+    lines = [f"{k}={v}" for k, v in params.items() if str(k).lstrip("+~") not in keys] + list(overrides)
+    dims = []
+    for o in parser.parse_overrides(lines):
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            dims.append([o.input_line])
+            continue
+        values = list(o.sweep_string_iterator())
+        if key.lstrip("+~") in _UNCHECKED_DIMS:
+            values = values[:1]
+        dims.append([f"{key}={v}" for v in values])
+    return [list(job) for job in itertools.product(*dims)]
 
 
 def _explain(e: BaseException) -> str:
@@ -116,7 +165,9 @@ def _run(config_name: str, cfg):
 
 
 def _tables(argv: list[str]) -> None:
-    """``omnidraft tables GROUP [--results DIR]``: write and print ``<results>/<group>/table.md``.
+    """``omnidraft tables GROUP [--results DIR]``: write and print ``<results>/<group>/table.md``;
+    ``omnidraft tables DIR``: the paper tables of the experiment runs under DIR (a sweep directory
+    or a results directory), written into DIR (:mod:`omnidraft.paper_tables`).
 
     Args:
         argv: the arguments after ``tables``.
@@ -128,14 +179,90 @@ def _tables(argv: list[str]) -> None:
     from omnidraft.tables import GROUPS, write_table
 
     p = argparse.ArgumentParser(prog="omnidraft tables", description="Markdown tables from result files.")
-    p.add_argument("group", help=f"one of {', '.join(GROUPS)}")
+    p.add_argument("group", help=f"one of {', '.join(GROUPS)}, or a directory of paper-experiment runs")
     p.add_argument("--results", type=Path, default=Path("results"), help="the results directory (default: results)")
+    p.add_argument("--no-plots", action="store_true", help="paper tables: skip the PNG plots")
     args = p.parse_args(argv)
     try:
+        if args.group not in GROUPS and (Path(args.group).is_dir() or "/" in args.group):
+            from omnidraft.paper_tables import write_paper_tables
+
+            for f in write_paper_tables(Path(args.group), plots=not args.no_plots):
+                print(f)
+            return
         _, text = write_table(args.group, args.results)
     except OmniDraftError as e:
         _fail(_first_line(e))
     print(text)
+
+
+def _metric(summary: dict) -> float | None:
+    """The number a sweeper optimises: the speedup, else the acceptance rate (distill: its loss)."""
+    return summary.get("speed/speedup", summary.get("speed/modelled_speedup", summary.get(
+        "accept/rate", summary.get("distill/loss_after"))))
+
+
+def _in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _seed_independent(cfg) -> bool:
+    """A cell whose result no seed can change: greedy, and no drafter or acceptance head trains
+    (the n-gram cache's learning is deterministic under greedy decoding)."""
+    m = cfg.get("method")
+    if m is None or "temperature" not in m or m.temperature > 0:
+        return False
+    learns = m.get("can_adapt") and m.adapt.enabled
+    head = m.get("draft_length") is not None and m.draft_length.policy == "head" and m.draft_length.head_learn
+    return not (learns or head)
+
+
+def _sweep_job(config_name: str, cfg) -> float | None:
+    """One job of a sweep (``omnidraft -m ...``), robust: a job whose ``summary.json`` says it
+    finished is skipped (a sweep re-run does only what is missing), one with a saved online state
+    resumes from it, a seed-independent cell (:func:`_seed_independent`) runs at seed 0 only, and a
+    job that fails writes ``error.txt`` in its directory, prints one line and lets the sweep go on.
+    Ctrl-C / SIGTERM stops the sweep."""
+    import json
+    import traceback
+    from pathlib import Path
+
+    from omegaconf import open_dict
+
+    from omnidraft.errors import OmniDraftError
+
+    run_dir = Path(cfg.run_dir)
+    done = run_dir / "summary.json"
+    if done.is_file():
+        try:
+            summary = json.loads(done.read_text(encoding="utf-8"))
+        except ValueError:
+            summary = {}
+        if summary.get("status") == "ok":
+            print(f"omnidraft: sweep: {run_dir}: finished earlier, skipped", file=sys.stderr)
+            return _metric(summary)
+    if config_name == "config" and int(cfg.get("seed", 0)) != 0 and _seed_independent(cfg):
+        print(f"omnidraft: sweep: {run_dir}: seed-independent (greedy, nothing learns): its seed=0 cell "
+              "stands for every seed, skipped", file=sys.stderr)
+        return None
+    if config_name == "config" and not cfg.resume and (run_dir / "state" / "meta.json").is_file():
+        with open_dict(cfg):
+            cfg.resume = True  # a cut job continues from its last checkpoint
+    (run_dir / "error.txt").unlink(missing_ok=True)
+    try:
+        return _metric(_run(config_name, cfg))
+    except KeyboardInterrupt:
+        _fail(f"interrupted in {run_dir}; run the same sweep again to continue (finished jobs are skipped)")
+    except Exception as e:  # noqa: BLE001 - a failed job must not stop the sweep
+        line = _first_line(e)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        detail = "" if isinstance(e, OmniDraftError) else "\n" + traceback.format_exc()
+        (run_dir / "error.txt").write_text(f"{line}{detail}\n", encoding="utf-8")
+        print(f"omnidraft: error: {run_dir}: {line} (the sweep goes on; {run_dir / 'error.txt'})", file=sys.stderr)
+        return None
 
 
 def _interrupt(signum, frame) -> None:
@@ -171,6 +298,8 @@ def main() -> None:
 
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def _app(cfg: DictConfig) -> float | None:
+        if _in_sweep():
+            return _sweep_job(config_name, cfg)
         try:
             summary = _run(config_name, cfg)
         except OmniDraftError as e:
@@ -178,7 +307,7 @@ def main() -> None:
         except KeyboardInterrupt:
             _fail("interrupted; the run directory's metrics.jsonl and summary (bench: results JSON) "
                   "hold the prompts finished so far")
-        return summary.get("speed/speedup", summary.get("accept/rate", summary.get("distill/loss_after")))
+        return _metric(summary)
 
     _app()
 

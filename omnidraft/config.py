@@ -315,6 +315,7 @@ class DecodeConfig:
 class PathsConfig:
     cache_dir: str = MISSING
     results_dir: str = "results"
+    xsum: Optional[str] = None  # a local XSum JSONL (its own fields document/summary/id): task=xsum reads it
 
 
 @dataclass

@@ -108,7 +108,7 @@ def check_replay_config(cfg: DictConfig) -> None:
 
 
 # the config groups whose overrides decide a calibration's models, dtypes and file
-_CALIBRATE_GROUPS = ("target", "drafter", "paths", "debug", "pair", "experiment")
+_CALIBRATE_GROUPS = ("target", "drafter", "paths", "debug", "pair", "experiment", "scale")
 
 
 def calibrate_command_for(cfg: DictConfig, threads: int) -> str:

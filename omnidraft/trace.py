@@ -63,7 +63,7 @@ _TARGET_KEYS = ("name", "source", "hub_id", "revision", "path", "gguf", "tiny", 
 _TASK_KEYS = ("name", "source", "path", "split", "on_bad_record", "system_prompt", "components",
               "switch_at", "shuffle")
 # the config groups whose overrides decide a trace (the command that makes one keeps only these)
-_TRACE_GROUPS = ("target", "task", "decode", "seed", "paths", "trace", "debug", "experiment", "pair")
+_TRACE_GROUPS = ("target", "task", "decode", "seed", "paths", "trace", "debug", "experiment", "scale", "pair")
 
 
 @dataclass
@@ -226,7 +226,7 @@ def tokenizer_facts(tokenizer, use_chat_template: bool) -> dict[str, Any]:
 def trace_command(cfg: DictConfig) -> str:
     """The ``omnidraft trace`` command that makes (or completes) the trace of a run's prompts: the
     run's overrides of the groups a trace depends on (target, task, decode, seed, paths, trace,
-    debug, experiment, pair), method and drafter ones left out."""
+    debug, experiment, scale, pair), method and drafter ones left out."""
     keep = overrides_in(cfg, _TRACE_GROUPS)
     return " ".join(["omnidraft trace", *(shlex.quote(o) for o in keep)])
 

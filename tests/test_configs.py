@@ -14,7 +14,7 @@ from omnidraft.config import register_configs
 from omnidraft.instantiate import iter_targets
 from omnidraft.runner import check_config
 
-GROUPS = ["target", "drafter", "task", "method", "logger", "paths", "debug", "experiment", "ablation", "pair"]
+GROUPS = ["target", "drafter", "task", "method", "logger", "paths", "debug", "experiment", "ablation", "pair", "row", "scale"]
 
 
 def _options():
@@ -34,7 +34,7 @@ def _compose(overrides):
 @pytest.mark.parametrize("group,option", list(_options()))
 def test_every_config_composes_and_binds(group, option):
     over = [f"{group}={option}"]
-    if group == "method" and option == "sd":
+    if (group, option) in (("method", "sd"), ("row", "sd")):
         over += ["drafter=qwen25_coder_05b"]
     if group == "method" and option == "distillspec":
         over += ["drafter.init_state=unused"]

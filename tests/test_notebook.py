@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ def test_results_notebook_runs_on_real_result_files(tmp_path, monkeypatch, capsy
     (res / "distill" / "d").mkdir(parents=True)  # a run without decoding rows is skipped
     (res / "distill" / "d" / "summary.json").write_text(json.dumps({"status": "ok"}))
     (res / "distill" / "d" / "metrics.jsonl").write_text(json.dumps({"distill/loss": 1.0}) + "\n")
+    # a tiny paper sweep committed as a fixture (omnidraft -m experiment=paper/table5 scale=tiny, 4 cells)
+    shutil.copytree(Path(__file__).parent / "fixtures" / "paper_sweep", res / "paper")
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
     for cell in json.loads(NOTEBOOK.read_text())["cells"]:
@@ -39,3 +42,6 @@ def test_results_notebook_runs_on_real_result_files(tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out
     assert "'run': 'core/omnidraft'" in out and "'run': 'adaptive/xv_joint'" in out
     assert "tiny.json | 1 prompts | ok" in out and "pld" in out
+    assert "paper/table5/tiny | 4 runs | table5.md, table5.tex, table5.json, table5_acceptance.png" in out
+    assert "tiny_qwen2 spd_dm 3: acc" in out and "tiny_qwen2 hybrid 4: acc" in out
+    assert (res / "paper" / "table5" / "tiny" / "table5_acceptance.png").stat().st_size > 0

