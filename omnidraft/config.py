@@ -90,7 +90,10 @@ class ModelConfig:
     max_context: Optional[int] = None  # defaults to the model's max_position_embeddings
     chat_template: bool = True  # apply the tokenizer's chat template when it has one
     init_state: Optional[str] = None  # drafter only: start from the weights of a saved online state
-    init_ngram: bool = False  # drafter only: also take init_state's n-gram cache (same target, same kind of stream)
+    init_ngram: bool = False  # drafter only: also take init_state's n-gram cache for this target's tokenizer
+    # drafter only: refuse an init_state that holds no per-target parts (n-gram cache, LoRA adapters,
+    # acceptance head) for a target of this run, instead of starting that target's parts empty
+    strict_target: bool = False
 
 
 @dataclass
@@ -108,6 +111,17 @@ class TrainTestConfig:
 
     train_limit: int = in_range(1, default=400)
     eval_every: int = in_range(0, default=100)  # 0: before and after training only
+
+
+@dataclass
+class TargetSwitchConfig:
+    """A stream that switches target mid-way (the paper's App. B.6): prompts ``0..at[0]-1`` go to
+    ``targets[0]`` (the run's ``target``), ``at[0]..at[1]-1`` to ``targets[1]``, and so on. ONE
+    drafter serves them all; its per-target parts (n-gram cache, LoRA adapters, acceptance head),
+    keyed by the target's tokenizer, are swapped at each switch. Empty lists: off."""
+
+    targets: List[str] = field(default_factory=list)  # conf/target names, in stream order (a name may recur)
+    at: List[int] = field(default_factory=list)  # stream prompt indices where each next target takes over
 
 
 @dataclass
@@ -335,6 +349,8 @@ class Config:
     protocol: str = one_of(choices.PROTOCOLS, default="stream")
     train_test: TrainTestConfig = field(default_factory=TrainTestConfig)
     engine: str = one_of(choices.RUN_ENGINES, default="live")
+    # a stream that switches target at given prompts (stream protocol, model drafters only)
+    target_switch: TargetSwitchConfig = field(default_factory=TargetSwitchConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     logger: Dict[str, Any] = field(default_factory=dict)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -420,6 +436,39 @@ def task_defaults(name: str) -> DictConfig:
     return node
 
 
+@functools.cache
+def target_defaults(name: str) -> DictConfig:
+    """conf/target/<name>.yaml on the :class:`ModelConfig` schema, read-only: a target that is not
+    the run's own (the later targets of ``target_switch``). The file's defaults list names the
+    model it points at (``/model/<m>@_here_``), merged first, then the file's own keys.
+
+    Raises:
+        OmniDraftError: no such target file (naming the known ones), or a defaults entry of
+            another form.
+    """
+    conf = Path(CONF_DIR)
+    path = conf / "target" / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in (conf / "target").glob("*.yaml")))
+        raise OmniDraftError(f"no target {name!r} (conf/target/{name}.yaml); known: {known}")
+    own = OmegaConf.load(path)
+    node = OmegaConf.structured(ModelConfig)
+    parts = list(own.pop("defaults", None) or ["_self_"])
+    if "_self_" not in parts:
+        parts.append("_self_")
+    for entry in parts:
+        if entry == "_self_":
+            node = OmegaConf.merge(node, own)
+        elif isinstance(entry, str) and entry.startswith("/model/") and entry.endswith("@_here_"):
+            model = entry[len("/model/"):-len("@_here_")]
+            node = OmegaConf.merge(node, OmegaConf.load(conf / "model" / f"{model}.yaml"))
+        else:
+            raise OmniDraftError(f"conf/target/{name}.yaml: defaults entry {entry!r} is not /model/<name>@_here_ "
+                                 "or _self_ (omnidraft.config.target_defaults reads only those)")
+    OmegaConf.set_readonly(node, True)
+    return node
+
+
 def task_templates(t) -> dict[str, str]:
     """Prompt templates of a task config node, by task name (component tasks too)."""
     return {**({t.name: t.template} if t.template else {}), **dict(t.templates or {})}
@@ -430,7 +479,7 @@ def check_stream_only(cfg: DictConfig, command: str) -> None:
     distill``), the run settings only the stream runner implements.
 
     Raises:
-        OmniDraftError: ``engine=replay`` or ``protocol=train_test``.
+        OmniDraftError: ``engine=replay``, ``protocol=train_test`` or ``target_switch``.
     """
     if cfg.get("engine", "live") != "live":
         raise OmniDraftError(f"{command} decodes live (engine={cfg.engine} is the stream runner's: `omnidraft "
@@ -438,3 +487,7 @@ def check_stream_only(cfg: DictConfig, command: str) -> None:
     if cfg.get("protocol", "stream") != "stream":
         raise OmniDraftError(f"{command} has its own protocol (protocol={cfg.protocol} is the stream runner's: "
                              "`omnidraft protocol=train_test ...`); drop protocol=")
+    ts = cfg.get("target_switch")
+    if ts is not None and (ts.get("targets") or ts.get("at")):
+        raise OmniDraftError(f"{command} decodes one target (target_switch is the stream runner's: `omnidraft "
+                             "target_switch.targets=[...] target_switch.at=[...]`); drop target_switch")

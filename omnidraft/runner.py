@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
-from omnidraft.config import TaskConfig, check_schema, task_defaults, task_templates
+from omnidraft.config import TaskConfig, check_schema, target_defaults, task_defaults, task_templates
 from omnidraft.core.decode import generate
 from omnidraft.core.verifiers import TraceVerifier, rows_at_end
 from omnidraft.data.models import LoadedModel, load_model, sliding_window
@@ -30,7 +31,7 @@ from omnidraft.drafting.direct_map import build_bridge, tokenizer_hash
 from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with, check_targets
-from omnidraft.learn.lora import merge_lora_state
+from omnidraft.learn.lora import LoraServing, merge_lora_state
 from omnidraft.learn.observers import step_observers, use_length_policy
 from omnidraft.learn.online import OnlineLearner
 from omnidraft.lifecycle import (
@@ -65,6 +66,7 @@ def check_config(cfg: DictConfig) -> None:
     m, dl = cfg.method, cfg.method.draft_length
     if cfg.engine == "replay":
         check_replay_config(cfg)
+    check_target_switch(cfg)
     if m.engine == "hf_assisted":
         if m.temperature > 0 or m.adapt.enabled or dl.policy != "fixed":
             raise OmniDraftError(f"method {m.name!r} runs transformers' assisted generation: greedy, frozen, "
@@ -149,23 +151,123 @@ def uses_draft_model(m) -> bool:
     return m.drafts_with == "model"
 
 
-def _load_init_weights(model, init) -> None:
-    """Serve a saved drafter state frozen: its weights, or a LoRA state merged into the weights."""
+def _load_init_weights(model, init, part: state_io.SavedState | None) -> None:
+    """Serve a saved drafter state frozen: its weights (a full fine-tune's are every target's), or
+    the LoRA adapters of this target's ``part`` merged into the weights (none: the base drafter)."""
     if init.meta.get("lora"):
-        merge_lora_state(model, init.tensors, tuple(init.meta["lora"]))
+        if part is not None:
+            merge_lora_state(model, part.tensors, tuple(init.meta["lora"]))
     else:
         state_io.load_weights(model, init.tensors)
 
 
+def switch_schedule(cfg: DictConfig) -> list[tuple[int, str]]:
+    """(first prompt, target name) of each segment of the stream: ``target_switch``'s, or one
+    segment on the run's target."""
+    ts = cfg.get("target_switch")
+    if ts is None or not ts.targets:
+        return [(0, str(cfg.target.name))]
+    return list(zip([0, *(int(a) for a in ts.at)], [str(t) for t in ts.targets]))
+
+
+def switch_target_node(cfg: DictConfig, name: str) -> DictConfig:
+    """The config node of target ``name`` of a run: its own ``target`` node for the run's target,
+    else conf/target/<name>.yaml (:func:`omnidraft.config.target_defaults`) running as the run's
+    target does (its ``dtype`` and ``device``)."""
+    if name == cfg.target.name:
+        return cfg.target
+    node = target_defaults(name).copy()
+    OmegaConf.set_readonly(node, False)  # the cached node stays read-only
+    node.dtype, node.device = cfg.target.dtype, cfg.target.device
+    return node
+
+
+def check_target_switch(cfg: DictConfig) -> None:
+    """What ``target_switch`` needs, checked before any model loads.
+
+    Raises:
+        OmniDraftError: another protocol, a method that does not draft with a model in this
+            package's loop, a malformed schedule, a first target that is not the run's, or an
+            unknown target name.
+    """
+    ts, m = cfg.target_switch, cfg.method
+    if not ts.targets and not ts.at:
+        return
+    if cfg.protocol != "stream":
+        raise OmniDraftError(f"target_switch switches the target of a stream; protocol={cfg.protocol} evaluates one "
+                             "target: drop target_switch or use protocol=stream")
+    if not uses_draft_model(m) or m.engine != "omnidraft":
+        raise OmniDraftError(f"target_switch swaps the per-target parts of a drafter model in this package's decode "
+                             f"loop; method={m.name} has none (drafts_with={m.drafts_with}, engine={m.engine}): use "
+                             "a model drafter, e.g. method=omnidraft")
+    if len(ts.targets) < 2 or len(ts.at) != len(ts.targets) - 1:
+        raise OmniDraftError(f"target_switch: give n >= 2 targets and the n - 1 prompts where each next one takes "
+                             f"over (got {len(ts.targets)} targets, {len(ts.at)} switch points), e.g. "
+                             "target_switch.targets=[a,b,a] target_switch.at=[100,200]")
+    at = [int(a) for a in ts.at]
+    if at[0] < 1 or any(b <= a for a, b in zip(at, at[1:])):
+        raise OmniDraftError(f"target_switch.at={at}: the switch points must rise strictly, from >= 1")
+    if ts.targets[0] != cfg.target.name:
+        raise OmniDraftError(f"target_switch.targets starts with {ts.targets[0]} but the run's target is "
+                             f"{cfg.target.name}: the stream starts on the run's target; pass target={ts.targets[0]}")
+    for name in ts.targets:
+        try:
+            target_defaults(str(name))
+        except OmniDraftError as e:
+            raise OmniDraftError(f"target_switch.targets: {e}") from None
+
+
+@dataclass
+class TargetParts:
+    """What the drafter keeps for one target tokenizer (one drafter serves many targets).
+
+    Attributes:
+        key: the target's tokenizer hash.
+        name: the run's first target with that tokenizer.
+        bridge: the direct map drafter -> that target.
+        drafter: the drafter built on that map (its n-gram cache, when it has one).
+        policy: its draft-length policy.
+        head: its acceptance-head learner (policy=head), else None.
+        observers: the observers of its steps, in the canonical order.
+        learner_part: the online learner's part for it while another target's is the learner's
+            (:meth:`omnidraft.learn.online.OnlineLearner.target_state`: LoRA adapters and moments,
+            unflushed examples); None: the learner holds it, or it starts fresh.
+        lora: LoRA adapters served frozen for it (no learner, target_switch), from drafter.init_state.
+    """
+
+    key: str
+    name: str
+    bridge: Any
+    drafter: Any
+    policy: Any
+    head: Any
+    observers: list
+    learner_part: tuple[dict[str, torch.Tensor], dict] | None = None
+    lora: dict[str, torch.Tensor] | None = None
+
+
 class Session:
-    """Loaded models + drafter for one (target, drafter, method): what notebooks use."""
+    """Loaded models + drafter for one (target, drafter, method): what notebooks use.
+
+    With ``target_switch`` it holds several targets (each loaded once) and, per target tokenizer,
+    the drafter's parts (:class:`TargetParts`); :meth:`use_target` switches between them. The
+    drafter model, and full fine-tuning's weights, are one and serve every target."""
 
     def __init__(self, cfg: DictConfig, target: LoadedModel | None = None, draft: LoadedModel | None = None):
         """``target`` / ``draft``: already loaded models to share (the bench loads the target once,
         and one frozen base drafter for every method that neither trains nor loads a state)."""
         self.cfg = cfg
         cache = Path(cfg.paths.cache_dir)
-        self.target: LoadedModel = target if target is not None else load_model(to_plain(cfg.target), cache)
+        self.schedule = switch_schedule(cfg)  # (first prompt, target) of each segment
+        first = str(cfg.target.name)
+        self.target_cfgs: dict[str, DictConfig] = {name: switch_target_node(cfg, name) for _, name in self.schedule}
+        self.targets: dict[str, LoadedModel] = {
+            first: target if target is not None else load_model(to_plain(cfg.target), cache)}
+        for name, node in self.target_cfgs.items():  # each distinct target loads once
+            if name not in self.targets:
+                self.targets[name] = load_model(to_plain(node), cache)
+        self.target: LoadedModel = self.targets[first]  # the active target
+        self.target_name, self.target_cfg = first, cfg.target
         self.draft_lm: LoadedModel | None = None
         self.drafter = None
         self.bridge = None
@@ -175,6 +277,16 @@ class Session:
         self.length_policy = None  # the model drafter's draft-length policy (omnidraft.learn.draft_length)
         self.observers: list = []  # learn from every step, in this order (omnidraft.core.feedback)
         self.verifier: TraceVerifier | None = None  # engine=replay (use_trace); None: the target verifies
+        self.parts: dict[str, TargetParts] = {}  # model drafters: by target tokenizer hash
+        self.init_info: dict[str, Any] = {}  # drafter/init_*: what drafter.init_state gave each target
+        self._keys: dict[str, str] = {}  # target name -> tokenizer hash
+        self._active: str | None = None  # the tokenizer hash whose parts are in use
+        # other targets' parts read from a state (drafter.init_state, resume), written back untouched
+        self._carried: dict[str, tuple[str | None, state_io.SavedState]] = {}
+        self._verifiers: dict[str, TraceVerifier] = {}
+        self._lora_serving: LoraServing | None = None
+        self._task: str | None = None
+        self._wired: str | None = None  # the target whose observers are wired (use_target)
         self._observing = True
         self.hf = None
         m = cfg.method
@@ -185,7 +297,10 @@ class Session:
             if hf.pop("assistant"):
                 self.draft_lm = draft if draft is not None else load_model(to_plain(cfg.drafter), cache)
                 if cfg.drafter.init_state:
-                    _load_init_weights(self.draft_lm.model, state_io.load(cfg.drafter.init_state))
+                    init = state_io.load(cfg.drafter.init_state)
+                    parts = self._init_parts(init, {first: self.target_key(first)})
+                    self._report_init(init, parts, ngram=False, lora=bool(init.meta.get("lora")), head=False)
+                    _load_init_weights(self.draft_lm.model, init, parts[self.target_key(first)])
             dm = self.draft_lm
             self.hf = HFAssisted(self.target.model, dm.model if dm else None, self.target.tokenizer,
                                  dm.tokenizer if dm else None, **hf)
@@ -194,61 +309,229 @@ class Session:
             self.drafter = call_with(instantiate(m.drafter), target_vocab_size=v_t, target_eos=self.target.eos_ids,
                                      tokenizer=self.target.tokenizer)
         elif m.drafts_with == "model":
-            self.draft_lm = draft if draft is not None else load_model(to_plain(cfg.drafter), cache)
-            if m.needs_same_tokenizer and tokenizer_hash(self.draft_lm.tokenizer) != tokenizer_hash(self.target.tokenizer):
-                raise OmniDraftError(
-                    f"method={m.name} needs a drafter that shares the target's tokenizer; {cfg.drafter.name} "
-                    f"and {cfg.target.name} differ: use method=spd_dm")
-            self.bridge = build_bridge(self.draft_lm.tokenizer, self.target.tokenizer, cache)
-            factory = instantiate(cfg.method.drafter)
-            v_t = self.target.model.get_output_embeddings().weight.shape[0]
-            a = cfg.method.adapt
-            init = state_io.load(cfg.drafter.init_state) if cfg.drafter.init_state else None
-            lora = (a.lora_rank, a.lora_alpha, list(a.lora_target_modules)) if a.enabled and a.lora_rank else None
-            if init is not None and init.meta.get("lora") and lora is None:
-                lora = tuple(init.meta["lora"])  # serve an adapted LoRA drafter with its adapters
-            self.lora = list(lora) if lora else None
-            # LoRA adapters live on the learner's training copy; the served drafter stays plain
-            # and gets the merged weights (no adapter matmuls while drafting).
-            self.learner = OnlineLearner(
-                self.draft_lm.model, self.bridge, lam=a.lam, loss=a.loss, lr=a.lr,
-                weight_decay=a.weight_decay, batch_size=a.batch_size,
-                steps_per_update=a.steps_per_update, seed=int(cfg.seed),
-                context_grad=a.context_grad, train_dtype=a.train_dtype, positions=a.positions,
-                jsd_beta=a.jsd_beta, lora=lora) if a.enabled else None
-            if init is not None:
-                if self.learner is not None:
-                    self.learner.load_state_dict(init.tensors, init.meta.get("learner") or {}, weights_only=True)
-                else:
-                    _load_init_weights(self.draft_lm.model, init)
-            self.drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
-                                     bridge=self.bridge, target_vocab_size=v_t,
-                                     target_eos=self.target.eos_ids, verify=cfg.method.verify)
-            if init is not None and cfg.drafter.init_ngram and "drafter" in init.meta \
-                    and isinstance(self.drafter, NgramDrafter):
-                self.drafter.load_state_dict(init.meta["drafter"])  # the adapted stream's n-gram cache
-            self._build_length_policy(init)
-            # The observers, in the order the drafter once called them: length policy, head, learner, cache.
-            self.observers = step_observers(self.drafter, policy=self.length_policy, head=self.head_learner,
-                                            learner=self.learner)
+            self._build_model_drafter(draft, cache)
 
-    def use_trace(self, trajectories: dict[tuple[int, ...], list[int]], rows: str = "batched") -> None:
+    def _build_model_drafter(self, draft: LoadedModel | None, cache: Path) -> None:
+        """The drafter model, its online learner (one: the drafter model is one) and, per target
+        tokenizer, its parts (:class:`TargetParts`), each from ``drafter.init_state`` where that
+        state holds them; then the run's first target in use."""
+        cfg, m = self.cfg, self.cfg.method
+        self.draft_lm = draft if draft is not None else load_model(to_plain(cfg.drafter), cache)
+        keys = {name: self.target_key(name) for name in self.targets}
+        if m.needs_same_tokenizer:
+            d_key = tokenizer_hash(self.draft_lm.tokenizer)
+            for name, key in keys.items():
+                if key != d_key:
+                    raise OmniDraftError(
+                        f"method={m.name} needs a drafter that shares the target's tokenizer; {cfg.drafter.name} "
+                        f"and {name} differ: use method=spd_dm")
+        bridges = {}
+        for name, key in keys.items():
+            if key not in bridges:
+                bridges[key] = build_bridge(self.draft_lm.tokenizer, self.targets[name].tokenizer, cache)
+        a = m.adapt
+        init = state_io.load(cfg.drafter.init_state) if cfg.drafter.init_state else None
+        lora = (a.lora_rank, a.lora_alpha, list(a.lora_target_modules)) if a.enabled and a.lora_rank else None
+        if init is not None and init.meta.get("lora") and lora is None:
+            lora = tuple(init.meta["lora"])  # serve an adapted LoRA drafter with its adapters
+        self.lora = list(lora) if lora else None
+        # LoRA adapters live on the learner's training copy; the served drafter stays plain
+        # and gets the merged weights (no adapter matmuls while drafting).
+        self.learner = OnlineLearner(
+            self.draft_lm.model, bridges[keys[self.target_name]], lam=a.lam, loss=a.loss, lr=a.lr,
+            weight_decay=a.weight_decay, batch_size=a.batch_size,
+            steps_per_update=a.steps_per_update, seed=int(cfg.seed),
+            context_grad=a.context_grad, train_dtype=a.train_dtype, positions=a.positions,
+            jsd_beta=a.jsd_beta, lora=lora) if a.enabled else None
+        init_parts = self._init_parts(init, keys) if init is not None else {}
+        if init is not None and not init.meta.get("lora"):  # a full fine-tune's weights: every target's
+            if self.learner is not None:
+                self.learner.load_state_dict(init.tensors, init.meta.get("learner") or {}, weights_only=True)
+            else:
+                state_io.load_weights(self.draft_lm.model, init.tensors)
+        factory = instantiate(m.drafter)
+        for name, key in keys.items():
+            if key not in self.parts:
+                self.parts[key] = self._target_parts(name, key, bridges[key], factory, init_parts.get(key))
+        if init is not None:
+            ngram = bool(cfg.drafter.init_ngram) and isinstance(self.parts[keys[self.target_name]].drafter,
+                                                                NgramDrafter)
+            head = m.draft_length.policy == "head"
+            self._report_init(init, init_parts, ngram=ngram, lora=bool(self.lora), head=head)
+            self._carry_others(init, set(keys.values()))
+        if self.learner is None and self.lora and init is not None:  # LoRA served frozen
+            if len(self.parts) > 1:  # each target's adapters merged in turn (use_target)
+                self._lora_serving = LoraServing(self.draft_lm.model, self.lora)
+            else:
+                _load_init_weights(self.draft_lm.model, init, init_parts.get(keys[self.target_name]))
+        self.use_target(self.target_name)
+
+    def target_key(self, name: str) -> str:
+        """The tokenizer hash of target ``name`` (what its drafter parts are keyed by)."""
+        if name not in self._keys:
+            self._keys[name] = tokenizer_hash(self.targets[name].tokenizer)
+        return self._keys[name]
+
+    def _init_parts(self, init: state_io.SavedState, keys: dict[str, str]) -> dict[str, state_io.SavedState | None]:
+        """The parts ``init`` (drafter.init_state) holds for each target tokenizer of this run
+        (:func:`omnidraft.state.target_part`). A state that does not record its target (from before
+        targets were recorded) is taken as the run's first target's."""
+        if state_io.active_target(init.meta)[0] is None:
+            first = keys[self.target_name]
+            return {key: init if key == first else None for key in keys.values()}
+        return {key: state_io.target_part(init, key) for key in keys.values()}
+
+    def _report_init(self, init: state_io.SavedState, parts: dict[str, state_io.SavedState | None], *,
+                     ngram: bool, lora: bool, head: bool) -> None:
+        """Say what ``drafter.init_state`` gave each target (``drafter/init_ngram``, ``_lora``,
+        ``_head`` in :attr:`init_info`: ``loaded`` or ``empty (...)``). A target the state holds no
+        parts for starts them empty, with one warning line; ``drafter.strict_target`` refuses.
+        Full fine-tuning's weights are not parts: they serve every target."""
+        kinds = [k for k, v in (("ngram", ngram), ("lora", lora), ("head", head)) if v]
+        if not kinds:
+            return
+        has = {"ngram": lambda p: "drafter" in p.meta,
+               "lora": lambda p: any(k.startswith("param.") for k in p.tensors),
+               "head": lambda p: any(k.startswith("head.") for k in p.tensors)}
+        names = state_io.target_names(init.meta)
+        built = ", ".join(n or f"tokenizer {state_io.target_key(h)}" for h, n in names.items()) or "<not recorded>"
+        firsts = {}
+        for name in self.targets:
+            firsts.setdefault(self.target_key(name), name)
+        lacking = [name for key, name in firsts.items() if parts.get(key) is None]
+        for kind in kinds:
+            per = {}
+            for key, name in firsts.items():
+                p = parts.get(key)
+                per[name] = ("empty (state built for target " + built + ")" if p is None
+                             else "loaded" if has[kind](p) else "empty (none in the state)")
+            self.init_info[f"drafter/init_{kind}"] = per[self.target_name] if len(per) == 1 else per
+        if not lacking:
+            return
+        what = {"ngram": "n-gram cache", "lora": "LoRA adapters", "head": "acceptance head"}
+        parts_txt = ", ".join(what[k] for k in kinds)
+        them = ", ".join(lacking)
+        path = self.cfg.drafter.init_state
+        if self.cfg.drafter.strict_target:
+            raise OmniDraftError(f"drafter.init_state={path} holds the drafter parts ({parts_txt}) of target {built}, "
+                                 f"none of target {them} (another tokenizer), and drafter.strict_target=true: serve it "
+                                 f"on {built}, or drop drafter.strict_target to start {them}'s parts empty")
+        import warnings
+
+        warnings.warn(f"drafter.init_state={path} was built for target {built}; target {them} has another tokenizer, "
+                      f"so its {parts_txt} start empty (drafter.strict_target=true refuses)", stacklevel=3)
+
+    def _carry_others(self, st: state_io.SavedState, live: set[str]) -> None:
+        """Keep the parts ``st`` holds for targets this run does not use, to write them back untouched."""
+        names = state_io.target_names(st.meta)
+        active = state_io.active_target(st.meta)[0]
+        if active is not None and active not in live:
+            self._carried[active] = (names[active], state_io.active_part(st))
+        for h, part in state_io.other_parts(st).items():
+            if h not in live:
+                self._carried[h] = (names.get(h), part)
+
+    def _target_parts(self, name: str, key: str, bridge, factory, init: state_io.SavedState | None) -> TargetParts:
+        """One target tokenizer's parts, from ``init`` (its parts in drafter.init_state) where given."""
+        lm, cfg = self.targets[name], self.cfg
+        v_t = lm.model.get_output_embeddings().weight.shape[0]
+        drafter = call_with(factory, model=self.draft_lm.model, tokenizer=self.draft_lm.tokenizer,
+                            bridge=bridge, target_vocab_size=v_t, target_eos=lm.eos_ids, verify=cfg.method.verify)
+        if init is not None and cfg.drafter.init_ngram and "drafter" in init.meta \
+                and isinstance(drafter, NgramDrafter):
+            drafter.load_state_dict(init.meta["drafter"])  # the adapted stream's n-gram cache
+        policy, head = self._length_policy(drafter, init, name)
+        # The observers, in the order the drafter once called them: length policy, head, learner, cache.
+        observers = step_observers(drafter, policy=policy, head=head, learner=self.learner)
+        adapters = {k: v for k, v in init.tensors.items() if k.startswith("param.")} \
+            if init is not None and self.lora else None
+        return TargetParts(key, name, bridge, drafter, policy, head, observers,
+                           learner_part=(adapters, {}) if adapters and self.learner is not None else None,
+                           lora=adapters if self.learner is None else None)
+
+    def use_target(self, name: str) -> None:
+        """Verify with target ``name`` (one of this session's) from now on; a model drafter then
+        drafts with the parts of its tokenizer (direct map, n-gram cache, draft-length policy,
+        acceptance head) and the online learner holds its part (LoRA adapters, merged into the
+        served drafter, and their moments; unflushed examples). The other targets' parts stay as
+        they were."""
+        if name == self._wired:
+            return
+        if name not in self.targets:
+            raise OmniDraftError(f"no target {name!r} in this session (it has {', '.join(self.targets)})")
+        if self.parts:
+            self._use_parts(self.target_key(name))
+        self.target, self.target_name, self.target_cfg = self.targets[name], name, self.target_cfgs[name]
+        self.verifier = self._verifiers.get(name)
+        self._wire_observers()
+
+    def _use_parts(self, key: str) -> None:
+        """Draft with the parts of tokenizer ``key``: the learner's part for the target in use is
+        parked (copied) in its :class:`TargetParts`, the new one's loaded (fresh the first time)."""
+        if key == self._active:
+            return
+        new, cur = self.parts[key], self.parts.get(self._active)
+        if self.learner is not None:
+            if cur is not None:
+                cur.learner_part = self.learner.target_state()
+            self.learner.use_bridge(new.bridge)
+            if cur is not None or new.learner_part is not None:  # else the learner's part is fresh already
+                self.learner.load_target_state(*(new.learner_part or (None, None)))
+            new.learner_part = None  # the learner holds it now
+            if new.head is not None and new.head.in_learner:
+                self.learner.head = new.head  # trained jointly in the drafter's update
+        elif self._lora_serving is not None:
+            self._lora_serving.use(new.lora)
+        self._active = key
+        self.bridge, self.drafter, self.length_policy, self.head_learner = new.bridge, new.drafter, new.policy, new.head
+        if self._task is not None:
+            self.set_task(self._task)
+
+    def _wire_observers(self) -> None:
+        """The active target's observers (none without a model drafter), fed at the end of each
+        generation under replay."""
+        base = self.parts[self._active].observers if self.parts else []
+        self.observers = rows_at_end(base, self.verifier) if self.verifier is not None else list(base)
+        self._wired = self.target_name
+
+    def target_for(self, i: int) -> str:
+        """The target of the stream's prompt ``i`` (``target_switch``; else the run's target)."""
+        name = self.schedule[0][1]
+        for start, n in self.schedule:
+            if i >= start:
+                name = n
+        return name
+
+    def segments(self, n: int) -> list[tuple[str, int, int]]:
+        """(target, first prompt, end) of each segment of a stream of ``n`` prompts."""
+        ends = [s for s, _ in self.schedule[1:]] + [n]
+        return [(name, s, min(e, n)) for (s, name), e in zip(self.schedule, ends) if s < n]
+
+    def use_trace(self, trajectories: dict[tuple[int, ...], list[int]], rows: str = "batched",
+                  target: str | None = None) -> None:
         """Verify by replaying the target's recorded greedy trajectories (``engine=replay``)
         instead of running the target per step. Observers that learn from the target's rows get
         them at the end of each generation, from two batched target forwards
         (:func:`omnidraft.core.verifiers.rows_at_end`; ``rows``: ``batched`` or ``stepwise``, see
-        :class:`omnidraft.core.verifiers.TraceVerifier`)."""
-        needs_rows = any(getattr(o, "needs_rows", False) for o in self.observers)
-        self.verifier = TraceVerifier(trajectories, target=self.target.model if needs_rows else None, rows=rows)
-        self.observers = rows_at_end(self.observers, self.verifier)
+        :class:`omnidraft.core.verifiers.TraceVerifier`). ``target``: whose trajectories (default
+        the active target)."""
+        name = target or self.target_name
+        base = self.parts[self.target_key(name)].observers if self.parts else []
+        needs_rows = any(getattr(o, "needs_rows", False) for o in base)
+        self._verifiers[name] = TraceVerifier(trajectories, target=self.targets[name].model if needs_rows else None,
+                                              rows=rows)
+        if name == self.target_name:
+            self.verifier = self._verifiers[name]
+            self._wire_observers()
 
-    def prompt_ids(self, text: str | list[dict[str, str]], task=None) -> list[int]:
+    def prompt_ids(self, text: str | list[dict[str, str]], task=None, target: str | None = None) -> list[int]:
         """Target token ids for one user message or a conversation (chat template when the
-        target has one and ``target.chat_template``), with the system prompt of ``task`` (a task
-        config node; default the run's: another one for protocol=train_test's train slice)."""
-        c = self.cfg
-        return format_prompt(self.target.tokenizer, text, system=(task or c.task).system_prompt,
-                             use_chat_template=c.target.chat_template)
+        target has one and its ``chat_template``), with the system prompt of ``task`` (a task
+        config node; default the run's: another one for protocol=train_test's train slice), for
+        ``target`` (default the active one)."""
+        name = target or self.target_name
+        return format_prompt(self.targets[name].tokenizer, text, system=(task or self.cfg.task).system_prompt,
+                             use_chat_template=self.target_cfgs[name].chat_template)
 
     def templates(self, task=None) -> dict[str, str]:
         """The prompt templates of ``task`` (default the run's task node)."""
@@ -268,19 +551,17 @@ class Session:
                         eos_ids=self.target.eos_ids, temperature=m.temperature, generator=g,
                         observers=self.observers if self._observing else ())
 
-    def _build_length_policy(self, init: state_io.SavedState | None = None) -> None:
+    def _length_policy(self, drafter, init: state_io.SavedState | None = None, target: str | None = None):
+        """``drafter``'s draft-length policy and, for policy=head, its acceptance-head learner (the
+        head of ``init``, this target's parts in drafter.init_state, where it holds one)."""
         from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
         from omnidraft.learn.draft_length import FixedK, HeadPolicy, HeuristicK
 
         dl, m = self.cfg.method.draft_length, self.cfg.method
-        if dl.policy == "fixed":
-            self.length_policy = FixedK()
-            use_length_policy(self.drafter, self.length_policy)
-            return
-        if dl.policy == "heuristic":
-            self.length_policy = HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max)
-            use_length_policy(self.drafter, self.length_policy)
-            return
+        if dl.policy in ("fixed", "heuristic"):
+            policy = FixedK() if dl.policy == "fixed" else HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max)
+            use_length_policy(drafter, policy)
+            return policy, None
         gamma = self._gamma(self.cfg.task.name)
         head = AcceptanceHead(int(self.draft_lm.model.config.hidden_size), dl.head_blocks).to(self.draft_lm.model.device)
         head_init = {k[len("head."):]: v for k, v in (init.tensors if init is not None else {}).items()
@@ -288,16 +569,18 @@ class Session:
         if head_init:  # the head an earlier stream trained serves this one
             head.load_state_dict(head_init)
         elif not dl.head_learn:
+            why = f" (drafter.init_state holds none for target {target})" if self.cfg.drafter.init_state else ""
             raise OmniDraftError("method.draft_length.head_learn=false serves a trained head: pass "
-                                 "drafter.init_state=<a run with policy=head>/state")
-        self.head_learner = HeadLearner(head, mode=dl.head_mode, lr=dl.head_lr, mismatch_weight=dl.mismatch_weight,
-                                        batch_size=dl.head_batch_size, replay=dl.replay, steps=dl.head_steps,
-                                        every=dl.head_every, seed=int(self.cfg.seed), learn=dl.head_learn,
-                                        label=dl.head_label)
+                                 f"drafter.init_state=<a run with policy=head>/state{why}")
+        head_learner = HeadLearner(head, mode=dl.head_mode, lr=dl.head_lr, mismatch_weight=dl.mismatch_weight,
+                                   batch_size=dl.head_batch_size, replay=dl.replay, steps=dl.head_steps,
+                                   every=dl.head_every, seed=int(self.cfg.seed), learn=dl.head_learn,
+                                   label=dl.head_label)
         if dl.head_mode == "joint" and dl.head_learn and self.learner is not None:
-            self.learner.attach_head(self.head_learner)  # one update on L_distill + L_head
-        self.length_policy = HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max)
-        use_length_policy(self.drafter, self.length_policy)
+            self.learner.attach_head(head_learner)  # one update on L_distill + L_head
+        policy = HeadPolicy(head, gamma=gamma, k_min=dl.k_min, k_max=dl.k_max)
+        use_length_policy(drafter, policy)
+        return policy, head_learner
 
     def _gamma(self, task: str) -> float:
         """The head's stop threshold: gamma_infer (a frozen head), gamma, or ``task.head_gamma`` of
@@ -312,6 +595,7 @@ class Session:
     def set_task(self, task: str) -> None:
         """The prompt about to be decoded comes from ``task`` (mixed streams, the bench): a head
         whose gamma is the task's ``head_gamma`` takes that task's."""
+        self._task = task  # a target switched to later takes it too
         if self.head_learner is not None:  # the policy is then a HeadPolicy
             self.length_policy.gamma = self._gamma(task)
 
@@ -355,9 +639,14 @@ class Session:
             self._observing = True
 
     def state(self, next_index: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> state_io.SavedState:
-        """The online state after ``next_index`` prompts."""
+        """The online state after ``next_index`` prompts: the active target's parts at the top level
+        (its tokenizer in ``meta["tokenizers"]``), every other target's under
+        ``targets.<hash12>.`` (:mod:`omnidraft.state`), those of targets this run never used as
+        they were read."""
         tensors: dict[str, torch.Tensor] = {}
-        meta = {**meta, "next_index": next_index, "lora": self.lora if self.draft_lm is not None else None}
+        meta = {**meta, "next_index": next_index, "lora": self.lora if self.draft_lm is not None else None,
+                "tokenizers": {**(meta.get("tokenizers") or {}), "target": self.target_key(self.target_name),
+                               "target_name": self.target_name}}
         if self.learner is not None:
             tensors, meta["learner"] = self.learner.state_dict()
         if self.head_learner is not None:
@@ -369,9 +658,30 @@ class Session:
             meta["drafter"] = self.drafter.state_dict()  # the n-gram cache
         if self.hf is not None:
             meta["hf"] = self.hf.state_dict()  # transformers' heuristic draft length (uag_k5)
-        return state_io.SavedState(meta, tensors, rows)
+        others = dict(self._carried)
+        others.update({key: (p.name, self._parked_state(p)) for key, p in self.parts.items() if key != self._active})
+        return state_io.with_targets(state_io.SavedState(meta, tensors, rows), others)
+
+    def _parked_state(self, p: TargetParts) -> state_io.SavedState:
+        """A target's parts while another's are in use, in the state's top-level layout."""
+        meta: dict[str, Any] = {"lora": self.lora}
+        tensors: dict[str, torch.Tensor] = {}
+        if isinstance(p.drafter, NgramDrafter):
+            meta["drafter"] = p.drafter.state_dict()
+        if p.head is not None:
+            head_tensors, meta["head"] = p.head.state_dict()
+            tensors.update(head_tensors)
+        meta["policy"] = p.policy.state_dict()
+        if p.learner_part is not None:
+            tensors.update(p.learner_part[0])
+            meta["learner"] = p.learner_part[1]
+        return state_io.SavedState(meta, tensors)
 
     def restore(self, st: state_io.SavedState) -> None:
+        """Continue from a state this session's config saved (``resume``): every target's parts."""
+        active = state_io.active_target(st.meta)[0]
+        if active in self.parts:  # its top-level parts are that target's
+            self.use_target(self.parts[active].name)
         if self.learner is not None:
             self.learner.load_state_dict(st.tensors, st.meta["learner"])
         if "drafter" in st.meta:
@@ -382,13 +692,28 @@ class Session:
             self.length_policy.load_state_dict(st.meta["policy"])
         if self.hf is not None and "hf" in st.meta:
             self.hf.load_state_dict(st.meta["hf"])
+        names = state_io.target_names(st.meta)
+        for key, part in state_io.other_parts(st).items():
+            p = self.parts.get(key)
+            if p is None:
+                self._carried[key] = (names.get(key), part)
+                continue
+            if "drafter" in part.meta:
+                p.drafter.load_state_dict(part.meta["drafter"])
+            if p.head is not None and "head" in part.meta:
+                p.head.load_state_dict(part.tensors, part.meta["head"])
+            if "policy" in part.meta:
+                p.policy.load_state_dict(part.meta["policy"])
+            if self.learner is not None:
+                p.learner_part = state_io.learner_part(part.tensors, part.meta["learner"], bool(self.lora)) \
+                    if "learner" in part.meta else None
 
     def drafter_stats(self) -> dict[str, float]:
         return self.drafter.stats() if self.drafter is not None else {}
 
-    def check_context(self, rid: str, n_prompt: int) -> None:
+    def check_context(self, rid: str, n_prompt: int, target: str | None = None) -> None:
         need = n_prompt + self.cfg.decode.max_new_tokens
-        for role, lm in (("target", self.target), ("drafter", self.draft_lm)):
+        for role, lm in (("target", self.targets[target or self.target_name]), ("drafter", self.draft_lm)):
             if lm is not None and need > lm.max_context:
                 raise OmniDraftError(
                     f"prompt {rid!r} has {n_prompt} tokens; with decode.max_new_tokens="
@@ -428,6 +753,63 @@ def train_stream_config(cfg: DictConfig) -> DictConfig:
     return out
 
 
+def target_stream_config(cfg: DictConfig, name: str, start: int, end: int) -> DictConfig:
+    """The config of one segment of a target-switching stream, prompts ``start..end-1`` on target
+    ``name``: ``cfg`` with that target's node (:func:`switch_target_node`) and that slice of the
+    task, its recorded overrides rewritten to match (another target keeps only the run's
+    ``target.dtype`` / ``target.device``), so the trace and calibration a replay of the segment
+    reads, and the commands that make them (:func:`omnidraft.trace.trace_command`), are that
+    target's."""
+    def key(o: str) -> str:
+        return o.split("=")[0].lstrip("+~")
+
+    own = name == cfg.target.name
+    off, n = int(cfg.task.offset) + start, end - start
+
+    def kept(o: str) -> bool:
+        k = key(o)
+        if k in ("task.offset", "task.limit", "task.preset") or k.startswith("target_switch"):
+            return False
+        return own or not (k == "target" or (k.startswith("target.") and k not in ("target.dtype", "target.device")))
+
+    over = [o for o in command_overrides(cfg) if kept(o)]
+    over += ([] if own else [f"target={name}"]) + [f"task.offset={off}", f"task.limit={n}"]
+    out = cfg.copy()
+    with open_dict(out):
+        out.target = switch_target_node(cfg, name)
+        out.task.offset, out.task.limit, out.task.preset = off, n, None
+        out.overrides = over
+    return out
+
+
+def by_target(rows: list[dict[str, Any]], greedy: bool, window: int) -> list[dict[str, Any]]:
+    """Acceptance per contiguous target segment of a target-switching stream, in stream order.
+
+    Args:
+        rows: the stream's rows (each with ``target``).
+        greedy: as :func:`omnidraft.tables.summarise`.
+        window: as :func:`omnidraft.tables.summarise`.
+
+    Returns:
+        One entry per segment: ``target``, ``first_prompt``, ``last_prompt``, ``n_prompts``,
+        ``accept/rate``, ``accept/mean_len`` and, where measured, ``speed/speedup`` /
+        ``speed/modelled_speedup``.
+    """
+    segs: list[list[dict[str, Any]]] = []
+    for r in rows:
+        if not segs or segs[-1][-1].get("target") != r.get("target"):
+            segs.append([])
+        segs[-1].append(r)
+    out = []
+    for rs in segs:
+        s = summarise(rs, greedy, window)
+        out.append({"target": rs[0].get("target"), "first_prompt": rs[0]["prompt/index"],
+                    "last_prompt": rs[-1]["prompt/index"], "n_prompts": len({r["prompt/index"] for r in rs}),
+                    "accept/rate": s.get("accept/rate"), "accept/mean_len": s.get("accept/mean_len"),
+                    **{k: s[k] for k in ("speed/speedup", "speed/modelled_speedup") if k in s}})
+    return out
+
+
 def check_train_test(test: list[Record], train: list[Record], test_cfg, train_cfg) -> None:
     """Refuse train and test slices that share a prompt (compared by their first turn's raw text,
     before any template).
@@ -456,7 +838,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     frozen on the TEST prompts (``task``) before training, every ``train_test.eval_every`` train
     prompts and after the last; rows carry ``phase`` (train / test) and, for test rows, ``eval/at``
     (train prompts seen). ``engine=replay`` verifies against target traces
-    (:mod:`omnidraft.replay`).
+    (:mod:`omnidraft.replay`). ``target_switch`` (stream protocol) switches the target at given
+    prompts, the drafter taking each target's parts (:class:`Session`); rows carry ``target`` and
+    the summary ``by_target`` (:func:`by_target`).
 
     With ``checkpoint_every`` the online state (weights, optimiser, n-gram cache, rows, stream
     position) is saved atomically every N (train) prompts, after each evaluation and at the end;
@@ -480,6 +864,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     records = load_stream(to_plain(cfg.task), cache, seed=int(cfg.seed))  # train_test: the TEST prompts
     train_records = load_stream(to_plain(train_cfg.task), cache, seed=int(cfg.seed)) if train_test else []
     load_s = time.perf_counter() - t_load
+    switching = len(sess.schedule) > 1
+    if switching and sess.schedule[-1][0] >= len(records):
+        raise OmniDraftError(f"target_switch.at={[s for s, _ in sess.schedule[1:]]}: the stream has {len(records)} "
+                             f"prompts, so target {sess.schedule[-1][1]} would never run; move the switch points "
+                             "or raise task.limit")
+    if sess.init_info:
+        ctx.prov.update(sess.init_info)
+        write_json(Path(cfg.run_dir) / "provenance.json", ctx.prov)
 
     rows: list[dict[str, Any]] = []
     if saved is not None:
@@ -495,6 +887,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     replaying = cfg.engine == "replay"  # the trace is the target's output: no ar baseline to measure
     measure = cfg.method.name != "ar" and cfg.measure_baseline and not replaying
     replay: Replay | None = None
+    replays: dict[str, Replay] = {}  # by target name: its trace and calibration
     every = max(1, int(cfg.baseline_every))
     adapt_cfg = train_cfg if train_test else cfg
     t = adapt_cfg.task
@@ -502,8 +895,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             # the prompts this state adapted on (their number is next_index), for runner.check_disjoint
             "train_split": {"task": t.name, "offset": int(t.offset), "shuffle": bool(t.shuffle),
                             "seed": int(cfg.seed)},
-            "tokenizers": {"target": tokenizer_hash(sess.target.tokenizer),
-                           "drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
+            # the target's tokenizer (whose parts are at the top level) is Session.state's
+            "tokenizers": {"drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
 
     def summary_of(status: str) -> dict[str, Any]:
         window = int(cfg.metrics_window)
@@ -513,6 +906,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             summary = summarise(rows, greedy, window)
             summary.update(summarise_quality(rows))
             summary.update(by_task(rows, greedy, window))
+            if switching:
+                summary["by_target"] = by_target(rows, greedy, window)
         summary.update({
             "status": status,
             "protocol": cfg.protocol,
@@ -537,15 +932,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if replay is not None:
             summary.update(replay.info)
             ctx.prov["replay"] = replay.info
+        summary.update(sess.init_info)
+        if switching:
+            summary["targets"] = [name for _, name in sess.schedule]
         summary["provenance"] = ctx.prov
         return summary
 
     with ctx.finishing(summary_of):
         def prompt_ids_of(recs: list[Record], task) -> list[list[int]]:
             out = []
-            for r in recs:
-                ids = sess.prompt_ids(render(r, 0, sess.templates(task)), task)
-                sess.check_context(r.id, len(ids))
+            for i, r in enumerate(recs):  # each prompt in its own target's tokens (target_switch)
+                name = sess.target_for(i)
+                ids = sess.prompt_ids(render(r, 0, sess.templates(task)), task, target=name)
+                sess.check_context(r.id, len(ids), target=name)
                 out.append(ids)
             return out
 
@@ -553,19 +952,39 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         train_first = prompt_ids_of(train_records, adapt_cfg.task)
         if train_test:
             check_train_test(records, train_records, cfg.task, train_cfg.task)
+        stream, stream_first = (train_records, train_first) if train_test else (records, first)
         if replaying:
             uses_model = uses_draft_model(cfg.method)
-            replay = open_replay(cfg, sess.target.tokenizer, records, first, uses_model)
-            if train_test:
-                replay.merge(open_replay(train_cfg, sess.target.tokenizer, train_records, train_first, uses_model))
-            sess.use_trace(replay.trajectories, rows=str(cfg.replay.rows))
+            if switching:  # each segment from its own target's trace and calibration
+                for name, a, b in sess.segments(len(records)):
+                    seg = open_replay(target_stream_config(cfg, name, a, b), sess.targets[name].tokenizer,
+                                      records[a:b], first[a:b], uses_model)
+                    if name in replays:
+                        replays[name].trajectories.update(seg.trajectories)
+                        replays[name].info["replay/trace_lines"] = len(replays[name].trajectories)
+                    else:
+                        replays[name] = seg
+                replay = replays[sess.schedule[0][1]]
+                replay.info["replay/targets"] = {name: dict(r.info) for name, r in replays.items()}
+            else:
+                replay = open_replay(cfg, sess.target.tokenizer, records, first, uses_model)
+                if train_test:
+                    replay.merge(open_replay(train_cfg, sess.target.tokenizer, train_records, train_first, uses_model))
+                replays[sess.target_name] = replay
+            for name, r in replays.items():
+                sess.use_trace(r.trajectories, rows=str(cfg.replay.rows), target=name)
             ctx.prov["replay"] = replay.info
             write_json(Path(cfg.run_dir) / "provenance.json", ctx.prov)
-        with sess.paused():
-            for ids in (train_first or first)[: int(cfg.warmup_prompts)]:  # warm-up, not logged, learns nothing
-                sess.generate(ids, max_new_tokens=16)
-                if measure:
-                    sess.generate(ids, baseline=True, max_new_tokens=16)
+        warm: dict[str, list[list[int]]] = {}  # each target's first prompts (of its first segment)
+        for name, a, _ in sess.segments(len(stream_first)):
+            warm.setdefault(name, stream_first[a: a + int(cfg.warmup_prompts)])
+        for name, prompts in warm.items():
+            sess.use_target(name)
+            with sess.paused():
+                for ids in prompts:  # warm-up, not logged, learns nothing
+                    sess.generate(ids, max_new_tokens=16)
+                    if measure:
+                        sess.generate(ids, baseline=True, max_new_tokens=16)
         ar_cache: dict[tuple[int, int], Any] = {}  # train_test: each test prompt's ar, measured once
 
         def decode(r: Record, i: int, ids0: list[int], *, learn: bool, with_ar: bool, stream_task,
@@ -594,12 +1013,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 answer = sess.target.tokenizer.decode(sd.tokens, skip_special_tokens=True)
                 tn = stream_task
                 row = {**extra, "prompt/id": r.id, "prompt/index": i, "prompt/turn": turn,
-                       "task": r.metadata.get("task", task), "prompt/tokens": len(ids), **prompt_row(sd, ar),
+                       "task": r.metadata.get("task", task), "target": sess.target_name, "prompt/tokens": len(ids),
+                       **prompt_row(sd, ar),
                        **drafter_row(before, sess.drafter_stats(), len(sd.steps)),
                        **quality_score(r, turn, answer, sd.n_new, execute_code=bool(tn.execute_code),
                                        timeout=float(tn.exec_timeout_s), memory_mb=int(tn.exec_memory_mb))}
-                if replay is not None:
-                    row.update(replay.row(sd))
+                if replays:
+                    row.update(replays[sess.target_name].row(sd))
                 row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
                 history.append({"role": "assistant", "content": answer})
                 if sess.head_learner is not None:
@@ -617,7 +1037,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     post[name] = f"{summary[key]:.2f}x"
             bar.set_postfix(post)
 
-        stream, stream_first = (train_records, train_first) if train_test else (records, first)
         evals: list[int] = []
         if train_test:
             n, ev = len(train_records), int(cfg.train_test.eval_every)
@@ -637,6 +1056,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if i == len(stream):
                 break
             r = stream[i]
+            sess.use_target(sess.target_for(i))
             decode(r, i, stream_first[i], learn=True, with_ar=measure and not train_test and i % every == 0,
                    stream_task=adapt_cfg.task, extra={"phase": "train"} if train_test else {})
             if ctx.checkpoint_due(i, len(stream)):

@@ -8,6 +8,16 @@ Layout of a state directory (written atomically: a complete new directory replac
       rows.jsonl         the per-prompt rows logged so far (the summary is recomputed from them)
 
 No pickle anywhere: tensors go through safetensors, everything else is JSON.
+
+One drafter serves many targets. What it keeps PER TARGET, keyed by the target's tokenizer hash, are
+its *parts*: the n-gram cache (``meta["drafter"]``), the acceptance head (``head.*``, ``head_opt.*``,
+``head_buf.*`` + ``meta["head"]``), the draft-length policy's state (``meta["policy"]``), the online
+learner's unflushed examples (``buffer.*``) and, with LoRA, its adapters and their AdamW moments
+(``param.*``, ``opt.*``). Full fine-tuning's weights and moments, the learner's RNG and counters are
+the drafter's, shared by every target. The ACTIVE target's parts (``meta["tokenizers"]["target"]``,
+``target_name``) sit at the top level, as in states from before targets were tracked; every other
+target's sit under ``meta["targets"][<hash12>]`` (with ``name`` and the full ``tokenizer`` hash) and
+tensors ``targets.<hash12>.<key>``, in the same layout (:func:`target_part`, :func:`with_targets`).
 """
 
 from __future__ import annotations
@@ -77,6 +87,91 @@ def load(path: str | Path) -> SavedState:
     rows = [json.loads(x) for x in (path / ROWS).read_text().splitlines() if x.strip()] \
         if (path / ROWS).is_file() else []
     return SavedState(meta, tensors, rows)
+
+
+TARGETS = "targets"  # meta key of the parts of every target but the active one
+# the per-target keys of the top-level layout (the rest is shared by every target)
+_PART_META = ("drafter", "head", "policy", "lora")
+_PART_TENSORS = ("head.", "head_opt.", "head_buf.", "buffer.")
+_LORA_TENSORS = ("param.", "opt.")
+
+
+def target_key(tokenizer_hash: str) -> str:
+    """The key of a target's parts: its tokenizer hash, 12 hex digits."""
+    return tokenizer_hash[:12]
+
+
+def active_target(meta: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(tokenizer hash, name) of the target whose parts sit at the top level of a state's meta;
+    None where the state does not record it (DistillSpec checkpoints, bench states before this)."""
+    tk = meta.get("tokenizers") or {}
+    name = tk.get("target_name") or ((meta.get("fingerprint") or {}).get("target") or {}).get("name")
+    return tk.get("target"), name
+
+
+def target_names(meta: dict[str, Any]) -> dict[str, str | None]:
+    """Every target a state holds parts of: tokenizer hash -> name (the active one first)."""
+    h, name = active_target(meta)
+    out: dict[str, str | None] = {h: name} if h else {}
+    out.update({e["tokenizer"]: e.get("name") for e in (meta.get(TARGETS) or {}).values()})
+    return out
+
+
+def learner_part(tensors: dict[str, torch.Tensor], meta: dict[str, Any], lora: bool
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The per-target part of an online learner's state (``OnlineLearner.state_dict``): its
+    unflushed examples and, with LoRA, its adapters and their AdamW moments."""
+    prefixes = ("buffer.", *(_LORA_TENSORS if lora else ()))
+    keys = ("buffer", *(("names", "param_groups", "opt_state") if lora else ()))
+    return ({k: v for k, v in tensors.items() if k.startswith(prefixes)},
+            {k: meta[k] for k in keys if k in meta})
+
+
+def active_part(st: SavedState) -> SavedState:
+    """The active target's parts alone, in the top-level layout (what :func:`with_targets` files
+    under its key when another target becomes the active one)."""
+    lora = bool(st.meta.get("lora"))
+    meta = {k: st.meta[k] for k in _PART_META if k in st.meta}
+    tensors = {k: v for k, v in st.tensors.items() if k.startswith(_PART_TENSORS)}
+    if st.meta.get("learner") is not None:
+        lt, meta["learner"] = learner_part(st.tensors, st.meta["learner"], lora)
+        tensors.update(lt)
+    return SavedState(meta, tensors)
+
+
+def target_part(st: SavedState, tokenizer_hash: str) -> SavedState | None:
+    """The parts ``st`` holds for the target of ``tokenizer_hash``, in the top-level layout: the
+    state itself for its active target, its ``targets.<hash12>.`` section for another; None when it
+    holds none (or does not record its target: see :func:`active_target`)."""
+    if active_target(st.meta)[0] == tokenizer_hash:
+        return st
+    key = target_key(tokenizer_hash)
+    entry = (st.meta.get(TARGETS) or {}).get(key)
+    if entry is None or entry.get("tokenizer") != tokenizer_hash:
+        return None
+    p = f"{TARGETS}.{key}."
+    return SavedState(dict(entry), {k[len(p):]: v for k, v in st.tensors.items() if k.startswith(p)})
+
+
+def other_parts(st: SavedState) -> dict[str, SavedState]:
+    """Every non-active target's parts of ``st``, by tokenizer hash (:func:`target_part`)."""
+    active = active_target(st.meta)[0]
+    return {h: target_part(st, h) for h in target_names(st.meta) if h != active}
+
+
+def with_targets(st: SavedState, parts: dict[str, tuple[str | None, SavedState]]) -> SavedState:
+    """``st`` (the active target's parts at the top level) with other targets' ``parts``
+    (tokenizer hash -> (name, parts in the top-level layout)) filed under ``targets.<hash12>.``."""
+    meta, tensors = dict(st.meta), dict(st.tensors)
+    section = {}
+    for h, (name, part) in parts.items():
+        key = target_key(h)
+        section[key] = {**{k: v for k, v in part.meta.items() if k not in ("name", "tokenizer")},
+                        "name": name, "tokenizer": h}
+        tensors.update({f"{TARGETS}.{key}.{k}": v for k, v in part.tensors.items()})
+    if section:
+        meta[TARGETS] = section
+    return SavedState(meta, tensors, st.rows)
 
 
 def load_weights(model, tensors: dict[str, torch.Tensor]) -> int:

@@ -45,7 +45,8 @@ def _sweep(tmp: Path, *args: str, timeout: int = 900) -> subprocess.CompletedPro
 
 def test_there_is_an_experiment_per_paper_table():
     have = {e.split("/")[1] for e in EXPERIMENTS}
-    for table in ("table1", "table2", "table3", "table5", "table6", "table6_t1", "table12", "table14", "figure2"):
+    for table in ("table1", "table2", "table3", "table5", "table6", "table6_t1", "table12", "table14", "figure2",
+                  "target_switch"):
         assert table in have
     assert set(paper_numbers()["tables"]) >= {"table1", "table2", "table3", "table5", "table6", "table12", "table14"}
 
@@ -58,9 +59,9 @@ def test_every_experiment_composes_and_checks_at_every_scale(experiment, scale):
     for job in jobs:
         cfg = _compose(job)
         check_config(cfg)
-        assert cfg.protocol == "train_test" or "task_switch" in experiment
+        assert cfg.protocol == ("stream" if experiment == "paper/target_switch" else "train_test")
         if scale == "paper":
-            assert cfg.task.preset == "paper" and cfg.method.temperature > 0
+            assert (cfg.task.preset == "paper" or experiment == "paper/target_switch") and cfg.method.temperature > 0
             assert cfg.target.source == "hub" and cfg.drafter.source == "hub"  # the paper's models, by hub id
         if scale == "cpu":
             assert cfg.target.source == "gguf_package" and cfg.drafter.source == "gguf_package"
@@ -114,8 +115,11 @@ def test_every_experiment_runs_as_a_tiny_multirun(smoke):
         assert len(runs) == len(_jobs(f"experiment={exp}", "scale=tiny")), exp
         for r in runs:
             s = r.summary
-            assert s["protocol"] == "train_test" and s["n_test"] == 2 and s["n_train_prompts"] == 2
             assert s["choices"]["experiment"] == exp and s["choices"]["scale"] == "tiny"
+            if exp == "paper/target_switch":  # a stream: tiny_qwen2, tiny_llama3 (another tokenizer), tiny_qwen2
+                assert [b["target"] for b in s["by_target"]] == ["tiny_qwen2", "tiny_llama3", "tiny_qwen2"]
+                continue
+            assert s["protocol"] == "train_test" and s["n_test"] == 2 and s["n_train_prompts"] == 2
 
 
 def test_tables_of_a_sweep_in_the_paper_layout(smoke):

@@ -56,3 +56,22 @@ def merge_lora_state(served: torch.nn.Module, tensors: dict[str, torch.Tensor], 
     wrapped = with_lora(copy.deepcopy(served).to(dtype), *lora)
     load_weights(wrapped, tensors)
     return merge_lora_into(served, wrapped)
+
+
+class LoraServing:
+    """Several saved LoRA states served frozen in turn on one plain drafter (one per target of a
+    target-switching stream): :meth:`use` puts back the base weights of the adapted layers, then
+    merges a state's adapters (none: the base drafter). Only those layers' base weights are kept."""
+
+    def __init__(self, served: torch.nn.Module, lora):
+        self.served, self.lora = served, tuple(lora)
+        names = list(lora_layers(with_lora(copy.deepcopy(served), *self.lora)))
+        self.base = {n: served.get_submodule(n).weight.detach().clone() for n in names}
+
+    @torch.no_grad()
+    def use(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        """Serve the adapters of ``tensors`` (``param.<name>``), or the base drafter for None."""
+        for n, w in self.base.items():
+            self.served.get_submodule(n).weight.copy_(w)
+        if tensors:
+            merge_lora_state(self.served, tensors, self.lora)

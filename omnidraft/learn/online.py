@@ -32,7 +32,7 @@ from omnidraft.learn.buffer import Example, batches, make_example
 from omnidraft.learn.lora import merge_lora_into, with_lora
 from omnidraft.learn.losses import LOSSES, hybrid_loss, lifted_log_probs, ngram_nll
 from omnidraft.learn.training import draft_logits
-from omnidraft.state import load_optimizer_state, optimizer_state, rng_state, set_rng_state
+from omnidraft.state import learner_part, load_optimizer_state, optimizer_state, rng_state, set_rng_state
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,10 +84,7 @@ class OnlineLearner:
             raise ValueError(f"train_dtype must be one of {TRAIN_DTYPES}, got {train_dtype!r}")
         self.model, self.lam, self.loss_name = model, float(lam), loss
         self.batch_size, self.steps_per_update = int(batch_size), int(steps_per_update)
-        self.map_ids = torch.nonzero(bridge.draft_mask).squeeze(1)
-        tgt = bridge.d2t[self.map_ids]
-        self.cols = torch.unique(tgt)  # reachable target tokens, sorted
-        self.map_cols = torch.searchsorted(self.cols, tgt)
+        self.use_bridge(bridge)
         self.buffer: list[Example] = []
         self.rng = random.Random(seed)
         if any("lora_" in n for n, _ in model.named_parameters()):
@@ -109,6 +106,10 @@ class OnlineLearner:
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.master)
         self.opt = torch.optim.AdamW(self.master, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay,
                                      fused=fused or None)
+        # what a target starts with (its part: load_target_state): the adapters as initialised, no moments
+        self._fresh_adapters = {f"param.{n}": m.detach().clone() for n, m in zip(self.names, self.master)} \
+            if self.lora else {}
+        self._fresh_opt = copy.deepcopy(self.opt.state_dict())
         self.context_grad = bool(context_grad)
         # The examples of one sequence share a cached context: one tree-attention pass serves
         # them all (same logits as one pass per example, ~batch_size x fewer passes).
@@ -116,6 +117,15 @@ class OnlineLearner:
         self.n_updates = 0
         self._seq = 0
         self.head = None  # an acceptance_head.HeadLearner trained jointly: L_distill + L_head in one update
+
+    def use_bridge(self, bridge: VocabBridge) -> None:
+        """Learn for the target of ``bridge`` (the direct map drafter -> that target): the target
+        columns the examples' distributions live in. The buffer must be that target's
+        (:meth:`load_target_state`)."""
+        self.map_ids = torch.nonzero(bridge.draft_mask).squeeze(1)
+        tgt = bridge.d2t[self.map_ids]
+        self.cols = torch.unique(tgt)  # reachable target tokens, sorted
+        self.map_cols = torch.searchsorted(self.cols, tgt)
 
     def attach_head(self, head_learner) -> None:
         """Train ``head_learner``'s acceptance head jointly with the drafter (the paper's 'joint'
@@ -285,6 +295,39 @@ class OnlineLearner:
         load_optimizer_state(self.opt, tensors, meta, "opt")
         set_rng_state(self.rng, meta["rng"])
         self.n_updates, self._seq = int(meta["n_updates"]), int(meta["seq"])
-        self.buffer = [Example(**{**b, "ngrams": [tuple(x) for x in b["ngrams"]],
-                                  "head": [tuple(x) for x in b.get("head", [])]},
-                               dm_logp=tensors[f"buffer.{j}.dm_logp"]) for j, b in enumerate(meta["buffer"])]
+        self.buffer = _buffer_of(tensors, meta)
+
+    def target_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The current target's part of :meth:`state_dict` (:func:`omnidraft.state.learner_part`),
+        copied: the unflushed examples and, with LoRA, the adapters and their AdamW moments. Full
+        fine-tuning's weights and moments are the drafter's, shared by every target."""
+        tensors, meta = learner_part(*self.state_dict(), lora=bool(self.lora))
+        return {k: v.clone() for k, v in tensors.items()}, copy.deepcopy(meta)
+
+    def load_target_state(self, tensors: dict[str, torch.Tensor] | None = None, meta: dict | None = None) -> None:
+        """Make a target's part (:meth:`target_state`, or a saved state's) the current one. Missing
+        pieces start fresh: no tensors, the adapters as initialised; no moments, none; no
+        examples, an empty buffer. With LoRA the served drafter gets the adapters merged."""
+        tensors, meta = tensors or {}, meta or {}
+        if self.lora:
+            given = [k for k in tensors if k.startswith("param.")]
+            missing = [n for n in self.names if f"param.{n}" not in tensors]
+            if given and missing:
+                raise ValueError(f"saved state lacks {len(missing)} trainable parameter(s) of this drafter, "
+                                 f"e.g. {missing[0]!r} (a full fine-tune's state into LoRA, or another rank?)")
+            src = tensors if given else self._fresh_adapters
+            with torch.no_grad():
+                for n, m in zip(self.names, self.master):
+                    m.copy_(src[f"param.{n}"].to(m.dtype))
+            if "opt_state" in meta:
+                load_optimizer_state(self.opt, tensors, meta, "opt")
+            else:
+                self.opt.load_state_dict(copy.deepcopy(self._fresh_opt))
+            self._sync_weights()
+        self.buffer = _buffer_of(tensors, meta)
+
+
+def _buffer_of(tensors: dict[str, torch.Tensor], meta: dict) -> list[Example]:
+    """The unflushed examples of a saved learner state (none when it holds none)."""
+    return [Example(**{**b, "ngrams": [tuple(x) for x in b["ngrams"]], "head": [tuple(x) for x in b.get("head", [])]},
+                    dm_logp=tensors[f"buffer.{j}.dm_logp"]) for j, b in enumerate(meta.get("buffer", []))]
