@@ -167,10 +167,12 @@ def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_j
 
 
 def test_frozen_greedy_cells_run_at_seed_0_only(tmp_path):
-    d = tmp_path / "s"
+    # the experiment's own sweep directory: <paths.results_dir>/paper/<table>/<scale>/<the cell's overrides>
     proc = _sweep(tmp_path, "experiment=paper/table1", "scale=tiny", "row=spd_dm,hybrid", "seed=0,1",
-                  f"hydra.sweep.dir={d}")
+                  f"paths.results_dir={tmp_path}/results")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    d = tmp_path / "results" / "paper" / "table1" / "tiny"
+    assert (d / "drafter=tiny_qwen2,row=hybrid,seed=1,target=tiny_qwen2,task=synthetic").is_dir()
     runs = {(r.row, r.seed) for r in read_runs(d) if r.status == "ok"}
     assert runs == {("spd_dm", 0), ("hybrid", 0), ("hybrid", 1)}
     assert "seed-independent" in proc.stderr
