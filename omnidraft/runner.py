@@ -625,6 +625,13 @@ class Session:
             row["adapt/update_s"] = row.get("adapt/update_s", 0.0) + time.perf_counter() - t_up
         return row
 
+    def learns(self) -> bool:
+        """Whether decoding can change what later prompts see: an online learner, an acceptance head,
+        an n-gram cache that grows, a draft-length schedule that moves, transformers' heuristic."""
+        from omnidraft.learn.draft_length import FixedK
+
+        return self.hf is not None or not all(isinstance(o, FixedK) for o in self.observers)
+
     @contextlib.contextmanager
     def paused(self):
         """Warm-up context: no observer learns (drafter, head, length policy and n-gram cache stay
@@ -898,6 +905,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             # the target's tokenizer (whose parts are at the top level) is Session.state's
             "tokenizers": {"drafter": tokenizer_hash(sess.draft_lm.tokenizer) if sess.draft_lm else None}}
 
+    skipped: dict[str, str] = {}  # train_test: why the train stream was not decoded
+
     def summary_of(status: str) -> dict[str, Any]:
         window = int(cfg.metrics_window)
         if train_test:
@@ -922,6 +931,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "resumed_at": ctx.resumed_at,
             "choices": group_choices(),
         })
+        if skipped:
+            summary["train/skipped"] = skipped["train"]
         if train_test:
             summary.update({"train_task": train_cfg.task.name, "train_offset": int(train_cfg.task.offset),
                             "test_offset": int(cfg.task.offset), "n_test": len(records),
@@ -1042,6 +1053,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             n, ev = len(train_records), int(cfg.train_test.eval_every)
             done = {r["eval/at"] for r in rows if r.get("phase") == "test"}
             evals = sorted({0, n, *(range(ev, n, ev) if ev else ())} - done)
+            if not sess.learns():  # frozen (spd_dm, sd, pld): the train stream cannot change the test set's
+                stream, stream_first, evals = [], [], [e for e in evals if e == 0]
+                skipped["train"] = (f"frozen: nothing learns, so the {n} train prompts cannot change the test "
+                                    "prompts' decoding; evaluated once, before them")
         bar = tqdm(total=len(stream), initial=start, desc=f"{cfg.method.name} {adapt_cfg.task.name}",
                    unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
         for i in range(start, len(stream) + 1):

@@ -158,3 +158,13 @@ def test_train_slice_prompts_take_their_own_tasks_system_prompt(tmp_path):
     tok = sess.target.tokenizer
     assert "Answer in French." in tok.decode(sess.prompt_ids("Hi", cfg.task))
     assert "Answer in French." not in tok.decode(sess.prompt_ids("Hi", train.task))
+
+
+def test_a_frozen_method_skips_the_train_stream_and_is_evaluated_once(tmp_path):
+    s = run(_cfg(tmp_path, "frozen", *PROTOCOL, "method=spd_dm"))
+    rows = _rows(tmp_path / "frozen")
+    assert [(r["phase"], r["eval/at"]) for r in rows] == [("test", 0)] * 3  # no train row, one evaluation
+    assert s["status"] == "ok" and s["eval/at"] == 0 and "frozen" in s["train/skipped"]
+    # an n-gram cache that grows is learning: that method decodes the train stream
+    s2 = run(_cfg(tmp_path, "cache", *PROTOCOL, "ablation=cache_pp"))
+    assert "train/skipped" not in s2 and s2["eval/at"] == 4
