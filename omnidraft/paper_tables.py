@@ -306,11 +306,27 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
                 out.append(f"| {LABELS.get(r, r)} | {c} | {_num(st['acc'])}{_ci(st['acc_ci'])} | "
                            f"{_num(st['speedup'], '.2f')}{_ci(st['speedup_ci'], '.2f')} | {st['n']} | {seeds} | {paper} |")
         out.append("")
+    switching = [r for r in cells_runs(cells) if r.summary.get("by_target")]
+    if switching:  # target_switch streams: acceptance per contiguous target segment
+        out += ["## Per target segment (target_switch)", "",
+                "| run | target | prompts | acceptance | mean accepted length | modelled speedup |",
+                "|---|---|---|---|---|---|"]
+        for r in switching:
+            for seg in r.summary["by_target"]:
+                out.append(f"| {r.row} s{r.seed} | {seg.get('target')} | {seg.get('first_prompt')}..{seg.get('last_prompt')} | "
+                           f"{_num(seg.get('accept/rate'))} | {_num(seg.get('accept/mean_len'), '.2f')} | "
+                           f"{_num(seg.get('speed/modelled_speedup'), '.2f')} |")
+        out.append("")
     if failed:
         out += ["## Failed or unfinished runs", ""]
         out += [f"- `{f.path.name}`: {f.status}{': ' + f.error if f.error else ''}" for f in failed]
         out.append("")
     return "\n".join(out)
+
+
+def cells_runs(cells: dict) -> list[Run]:
+    """Every run of the cells, in cell order."""
+    return [r for c in cells.values() for r in c.runs]
 
 
 def render_latex(name: str, spec: dict[str, Any], cells: dict, stats: dict) -> str:

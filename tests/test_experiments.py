@@ -134,6 +134,10 @@ def test_tables_of_a_sweep_in_the_paper_layout(smoke):
                                                      for k in (3, 4)}
     for c in cells:
         assert 0 <= c["acc"] <= 1 and c["n"] == 2 and c["acc_ci"][0] <= c["acc"] <= c["acc_ci"][1]
+    d, _ = out["paper/target_switch"]
+    write_paper_tables(d, plots=False)
+    md = (d / "target_switch.md").read_text()
+    assert "| hybrid s0 | tiny_qwen2 | 0..1 |" in md and "| hybrid s0 | tiny_llama3 | 2..3 |" in md
 
 
 def test_pooled_bootstrap_matches_the_point_estimate():
