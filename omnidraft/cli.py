@@ -210,20 +210,65 @@ def _in_sweep() -> bool:
 
 
 def _seed_independent(cfg) -> bool:
-    """A cell whose result no seed can change: greedy, and no drafter or acceptance head trains
-    (the n-gram cache's learning is deterministic under greedy decoding)."""
+    """A cell whose result no seed can change: greedy, and no drafter or acceptance head trains,
+    online or (DistillSpec under train_test) offline (the n-gram cache's learning is deterministic
+    under greedy decoding)."""
     m = cfg.get("method")
     if m is None or "temperature" not in m or m.temperature > 0:
         return False
     learns = m.get("can_adapt") and m.adapt.enabled
+    # DistillSpec under train_test distils on the train slice first, in a seeded order
+    distils = m.get("needs_init_state") and cfg.get("protocol") == "train_test" and not (cfg.get("drafter") or {}).get("init_state")
+    if distils:
+        return False
     head = m.get("draft_length") is not None and m.draft_length.policy == "head" and m.draft_length.head_learn
     return not (learns or head)
+
+
+def shared_cell(cfg, run_dir) -> dict | None:
+    """A finished run elsewhere under ``<paths.results_dir>/paper/`` with this job's result identity
+    (:func:`omnidraft.lifecycle.cell_key`: the same resolved config and seed; e.g. Table 6's and
+    Table 3's ``hybrid`` on GSM8K are Table 1's cell), copied into ``run_dir`` instead of run again:
+    its rows, provenance and config, its summary with this job's group choices and ``shared_from``
+    (the source, relative to the results directory). Returns the summary, or None when there is no
+    such run."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from omnidraft.lifecycle import cell_key, group_choices, write_json
+
+    root = Path(cfg.paths.results_dir)
+    key = None
+    for f in sorted((root / "paper").glob("*/*/*/summary.json")):
+        if f.parent.resolve() == Path(run_dir).resolve():
+            continue
+        try:
+            s = json.loads(f.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        if s.get("status") != "ok" or not s.get("cell") or s.get("shared_from"):
+            continue
+        key = key or cell_key(cfg)
+        if s["cell"] != key:
+            continue
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("metrics.jsonl", "provenance.json", "config.yaml"):
+            if (f.parent / name).is_file():
+                shutil.copyfile(f.parent / name, run_dir / name)
+        s = {**s, "choices": group_choices() or s.get("choices"),
+             "shared_from": str(f.parent.relative_to(root))}
+        write_json(run_dir / "summary.json", s)
+        return s
+    return None
 
 
 def _sweep_job(config_name: str, cfg) -> float | None:
     """One job of a sweep (``omnidraft -m ...``), robust: a job whose ``summary.json`` says it
     finished is skipped (a sweep re-run does only what is missing), one with a saved online state
-    resumes from it, a seed-independent cell (:func:`_seed_independent`) runs at seed 0 only, and a
+    resumes from it, a seed-independent cell (:func:`_seed_independent`) runs at seed 0 only, a cell
+    another table already computed is copied (:func:`shared_cell`), and a
     job that fails writes ``error.txt`` in its directory, prints one line and lets the sweep go on.
     Ctrl-C / SIGTERM stops the sweep."""
     import json
@@ -248,6 +293,12 @@ def _sweep_job(config_name: str, cfg) -> float | None:
         print(f"omnidraft: sweep: {run_dir}: seed-independent (greedy, nothing learns): its seed=0 cell "
               "stands for every seed, skipped", file=sys.stderr)
         return None
+    if config_name == "config" and not (run_dir / "state" / "meta.json").is_file():
+        shared = shared_cell(cfg, run_dir)
+        if shared is not None:
+            print(f"omnidraft: sweep: {run_dir}: the same cell finished in {shared['shared_from']}: copied, "
+                  "not run again", file=sys.stderr)
+            return _metric(shared)
     if config_name == "config" and not cfg.resume and (run_dir / "state" / "meta.json").is_file():
         with open_dict(cfg):
             cfg.resume = True  # a cut job continues from its last checkpoint

@@ -111,6 +111,8 @@ class TrainTestConfig:
 
     train_limit: int = in_range(1, default=400)
     eval_every: int = in_range(0, default=100)  # 0: before and after training only
+    # evaluate before training too (the dynamics' first point); a frozen method's one evaluation is always there
+    eval_at_start: bool = True
 
 
 @dataclass
@@ -318,6 +320,10 @@ class ReplayConfig:
     # the target rows learners need: batched (two forwards per prompt; live's rows up to float
     # rounding) | stepwise (live verification's own forwards replayed: bit-identical, as slow)
     rows: str = one_of(choices.REPLAY_ROWS, default="batched")
+    # null, or a directory keeping each prompt's trajectory half of the batched rows (the target's
+    # key/value cache and last-layer states, ~57 KB per token for Qwen2.5-1.5B in fp32) for later
+    # runs of the same prompts (omnidraft.replay.TrajectoryStore); conf/scale/cpu.yaml sets it
+    rows_cache: Optional[str] = None
 
 
 @dataclass

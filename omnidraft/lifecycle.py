@@ -142,9 +142,25 @@ def start_run(cfg: DictConfig, overrides: list[str]) -> tuple[Path, dict[str, An
 
 
 def fingerprint(cfg: DictConfig) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: the resolved config less :data:`_RESUME_FREE`."""
+    """What a checkpoint must match to be resumed: the resolved config less :data:`_RESUME_FREE`
+    (and where replay keeps its rows between runs: a cache, not a setting)."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    return {k: v for k, v in c.items() if k not in _RESUME_FREE}
+    out = {k: v for k, v in c.items() if k not in _RESUME_FREE}
+    if isinstance(out.get("replay"), dict):
+        out["replay"] = {k: v for k, v in out["replay"].items() if k != "rows_cache"}
+    return out
+
+
+def cell_key(cfg: DictConfig) -> str:
+    """A run's result identity: the sha256 of its :func:`fingerprint` (dtypes resolved; seed
+    included). Two runs with the same key compute the same numbers, whatever experiment, table or
+    directory they were launched from (a sweep shares them: :func:`omnidraft.cli.shared_cell`)."""
+    import hashlib
+    import json
+
+    c = cfg.copy()
+    resolve_dtypes(c)
+    return hashlib.sha256(json.dumps(fingerprint(c), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> str | None:

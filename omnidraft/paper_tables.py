@@ -37,7 +37,8 @@ GREEDY_AS = {"method.temperature": 0.01}
 TABLE_OF = {"table6_t1": "table6"}
 LABELS = {
     "spd_dm": "SpD_DM", "sd": "SpD", "l_dm": "L_DM", "hybrid": "L_DM + λ L_Ngram", "hybrid_lora": "+ LoRA",
-    "osd": "OSD (not in the paper)", "cache_pp": "SpD_DM + cache (pp)", "l_dm_cache": "L_DM + cache",
+    "osd": "OSD (not in the paper)", "distillspec": "DistillSpec (not in the paper)",
+    "cache_pp": "SpD_DM + cache (pp)", "l_dm_cache": "L_DM + cache",
     "loss_nll_only": "NLL on n-grams only", "loss_nll_nll": "NLL DM + NLL n-gram", "loss_kl_kl": "KL DM + KL n-gram",
     "head_only": "adapt only", "distill_only": "distill only", "joint": "joint", "interleaved": "interleaved",
     "evict_lru_quarter": "1/4 cache, LRU", "evict_lfu_quarter": "1/4 cache, LFU", "evict_lru_half": "1/2 cache, LRU",
@@ -55,6 +56,9 @@ def paper_numbers() -> dict[str, Any]:
 def spec_of(name: str) -> dict[str, Any]:
     """The paper table an experiment reports into (``paper/<name>``: its layout and the paper's
     numbers); an experiment without a paper table gets an empty one laid out by task."""
+    if name == "target_switch":  # a switching stream and its single-target controls: one column per schedule
+        return {"title": "target switch (App. B.6; per-segment figures below)", "cols": "target_switch.targets",
+                "rows": [], "cells": []}
     return paper_numbers()["tables"].get(TABLE_OF.get(name, name)) or {
         "title": f"{name} (no table in the paper)", "cols": "task", "rows": [], "cells": []}
 
@@ -105,7 +109,9 @@ class Cell:
 def _learns(run: Run) -> bool:
     m = run.config.get("method") or {}
     head = (m.get("draft_length") or {}).get("policy") == "head" and (m.get("draft_length") or {}).get("head_learn")
-    return bool((m.get("can_adapt") and (m.get("adapt") or {}).get("enabled")) or head)
+    distils = m.get("needs_init_state") and run.config.get("protocol") == "train_test" and \
+        run.summary.get("train/distill") is not None
+    return bool((m.get("can_adapt") and (m.get("adapt") or {}).get("enabled")) or head or distils)
 
 
 def _greedy(run: Run) -> bool:
@@ -122,8 +128,9 @@ def _load_yaml(path: Path) -> dict[str, Any]:
 
 def read_runs(root: Path) -> list[Run]:
     """Every run directory under ``root`` (one with a ``summary.json``, ``config.yaml`` or ``error.txt``)."""
-    dirs = sorted({p.parent for pat in ("summary.json", "error.txt") for p in root.rglob(pat)
-                   if "state" not in p.parent.parts})
+    found = {p.parent for pat in ("summary.json", "error.txt") for p in root.rglob(pat) if "state" not in p.parent.parts}
+    # a run's own sub-runs (DistillSpec's distillation in <run>/distill) are part of it
+    dirs = sorted(d for d in found if not any(a in found for a in d.parents))
     runs = []
     for d in dirs:
         s = read_summary(d)
@@ -151,6 +158,8 @@ def col_value(run: Run, key: str) -> Any:
     if key == "task":
         return run.summary.get("task") or run.get("task.name")
     v = run.get(key)
+    if isinstance(v, list):  # a schedule (target_switch.targets): hashable, readable
+        return " > ".join(str(x) for x in v) if v else "–"
     if key in GREEDY_AS and v is not None and float(v) <= 0:
         return GREEDY_AS[key]
     return v
@@ -272,7 +281,7 @@ def _order(spec: dict[str, Any], cells: dict) -> tuple[list[str], list[Any], lis
 
 
 def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, failed: list[Run],
-                    provenance: dict[str, Any]) -> str:
+                    provenance: dict[str, Any], runs_all: list[Run] | None = None) -> str:
     """One experiment's table: per target of ours, rows x columns, our acceptance and modelled speedup
     (95% CI, n) beside the paper's."""
     rows, cols, targets = _order(spec, cells)
@@ -306,22 +315,75 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
                 out.append(f"| {LABELS.get(r, r)} | {c} | {_num(st['acc'])}{_ci(st['acc_ci'])} | "
                            f"{_num(st['speedup'], '.2f')}{_ci(st['speedup_ci'], '.2f')} | {st['n']} | {seeds} | {paper} |")
         out.append("")
-    switching = [r for r in cells_runs(cells) if r.summary.get("by_target")]
-    if switching:  # target_switch streams: acceptance per contiguous target segment
-        out += ["## Per target segment (target_switch)", "",
-                "| run | target | prompts | acceptance | mean accepted length | modelled speedup |",
-                "|---|---|---|---|---|---|"]
-        for r in switching:
-            for seg in r.summary["by_target"]:
-                out.append(f"| {r.row} s{r.seed} | {seg.get('target')} | {seg.get('first_prompt')}..{seg.get('last_prompt')} | "
-                           f"{_num(seg.get('accept/rate'))} | {_num(seg.get('accept/mean_len'), '.2f')} | "
-                           f"{_num(seg.get('speed/modelled_speedup'), '.2f')} |")
-        out.append("")
+    out += render_segments(runs_all if runs_all is not None else cells_runs(cells))
     if failed:
         out += ["## Failed or unfinished runs", ""]
         out += [f"- `{f.path.name}`: {f.status}{': ' + f.error if f.error else ''}" for f in failed]
         out.append("")
     return "\n".join(out)
+
+
+def _schedule(run: Run) -> list[tuple[str, int, int | None]]:
+    """A run's target segments (target, first prompt, last prompt or None = to the end), from
+    ``target_switch`` (one segment for a run without a switch)."""
+    targets = [str(t) for t in (run.get("target_switch.targets") or [])] or [str(run.get("target.name"))]
+    at = [int(a) for a in (run.get("target_switch.at") or [])]
+    off = int(run.get("task.offset") or 0)
+    starts = [off, *(off + a for a in at)]
+    ends = [b - 1 for b in starts[1:]] + [None]
+    return list(zip(targets, starts, ends))
+
+
+def _range_stats(rows: list[dict[str, Any]], first: int, last: int | None) -> dict[str, Any] | None:
+    """Acceptance (95% bootstrap over the prompts) of the rows of prompts first..last."""
+    rs = [r for r in rows if r.get("prompt/index") is not None and first <= r["prompt/index"]
+          and (last is None or r["prompt/index"] <= last)]
+    if not rs:
+        return None
+    return cell_stats(Cell("", "", None, [], rs)) | {"first": rs[0]["prompt/index"], "last": rs[-1]["prompt/index"]}
+
+
+def render_segments(runs: list[Run]) -> list[str]:
+    """Markdown: each target segment of a target-switching stream beside the same prompts of a control
+    stream that never switches (one target throughout, same row and seed): whether each target's
+    acceptance is back at its own level when it returns. Unfinished runs are shown with the prompts
+    they reached."""
+    def targets(r: Run) -> list[str]:
+        return [t for t, _, _ in _schedule(r)]
+
+    switching = [r for r in runs if len(set(targets(r))) > 1]
+    if not switching:
+        return []
+    controls = {(r.row, r.seed, targets(r)[0]): r for r in runs if len(set(targets(r))) == 1}
+    rows_of: dict[Path, list[dict[str, Any]]] = {}
+
+    def rows(r: Run) -> list[dict[str, Any]]:
+        if r.path not in rows_of:
+            rows_of[r.path] = [x for x in read_rows(r.path) if x.get("phase", "train") == "train"]
+        return rows_of[r.path]
+
+    out = ["## Per target segment (target_switch), beside a control stream that never switches", "",
+           "Acceptance per segment [95% bootstrap over its prompts]; control: the same prompts decoded by a "
+           "stream with that target throughout (same row and seed); separated: the two intervals do not overlap.",
+           "", "| run | segment | target | prompts | acceptance | control (same prompts) | separated |",
+           "|---|---|---|---|---|---|---|"]
+    for r in switching:
+        for j, (tgt, first, last) in enumerate(_schedule(r)):
+            st = _range_stats(rows(r), first, last)
+            ctl = controls.get((r.row, r.seed, tgt))
+            cs = _range_stats(rows(ctl), first, last) if ctl is not None else None
+            if st is None and cs is None:
+                continue
+            run = f"{r.row} s{r.seed}" + ("" if r.status == "ok" else f" ({r.status})")
+            span = f"{st['first']}..{st['last']}" if st else f"{first}..{'' if last is None else last}"
+            sep = separated(st, cs) if st and cs else None
+            ours = _num(st["acc"]) + _ci(st["acc_ci"]) if st else "not reached"
+            ctl_txt = (_num(cs["acc"]) + _ci(cs["acc_ci"]) + f" ({cs['first']}..{cs['last']})" if cs
+                       else "no control run")
+            out.append(f"| {run} | {j + 1} | {tgt} | {span} | {ours} | {ctl_txt} | "
+                       f"{'–' if sep is None else ('yes' if sep else 'no')} |")
+    out.append("")
+    return out
 
 
 def cells_runs(cells: dict) -> list[Run]:
@@ -505,7 +567,7 @@ def write_paper_tables(root: Path, plots: bool = True) -> list[Path]:
         failed = [r for r in rs if r.status != "ok"]
         prov = _provenance(rs)
         md = root / f"{name}.md"
-        md.write_text(render_markdown(name, spec, cells, stats, failed, prov), encoding="utf-8")
+        md.write_text(render_markdown(name, spec, cells, stats, failed, prov, rs), encoding="utf-8")
         tex = root / f"{name}.tex"
         tex.write_text(render_latex(name, spec, cells, stats), encoding="utf-8")
         js = root / f"{name}.json"

@@ -13,6 +13,8 @@ This module opens what a replay reads and checks it against the run: :func:`open
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +57,7 @@ class Replay:
     trajectories: dict[tuple[int, ...], list[int]]
     calibration: Calibration | None
     info: dict[str, Any] = field(default_factory=dict)
+    target_identity: dict[str, Any] = field(default_factory=dict)  # the trace's target (model, dtype, tokenizer)
 
     def merge(self, other: Replay) -> None:
         """Add another stream's trajectories (protocol=train_test: the train slice's trace); its
@@ -116,6 +119,80 @@ def calibrate_command_for(cfg: DictConfig, threads: int) -> str:
     run's overrides of the groups that decide it, and this process's thread count."""
     keep = overrides_in(cfg, _CALIBRATE_GROUPS)
     return " ".join(["omnidraft calibrate", *(shlex.quote(o) for o in keep), f"threads={threads}"])
+
+
+class TrajectoryStore:
+    """The drafter-independent half of a replay's batched rows, kept on disk between runs: per
+    prompt, the target's key/value cache after the prompt and its whole traced output, and the last
+    layer's states there (:meth:`omnidraft.core.verifiers.TraceVerifier.step_rows` computes the
+    rest, each step's drafted branch, every time). One safetensors file per (prompt, output) under
+    ``root/<namespace>/``, the namespace a hash of the target's identity (model, dtype, device,
+    tokenizer: the trace's), torch's version and the thread count, so states computed under other
+    numerics are never mixed in. Files are written atomically; an unreadable one is recomputed.
+    With it a table's runs (rows x seeds) pay the trajectory's target forward once per prompt.
+
+    Args:
+        root: the store's directory (``replay.rows_cache``).
+        target_identity: the trace's ``identity.target``.
+        model: the target model (its config rebuilds the cache).
+    """
+
+    FORMAT = 1
+
+    def __init__(self, root: str | Path, target_identity: dict[str, Any], model):
+        ns = {"format": self.FORMAT, "target": target_identity, "torch": torch.__version__,
+              "threads": torch.get_num_threads()}
+        self.dir = Path(root) / hashlib.sha256(json.dumps(ns, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        self.model = model
+        self.hits = 0
+        self.misses = 0
+
+    def _file(self, prompt: Sequence[int], out: Sequence[int]) -> Path:
+        key = hashlib.sha256(json.dumps([list(prompt), list(out)]).encode()).hexdigest()[:32]
+        return self.dir / f"{key}.safetensors"
+
+    def get(self, prompt: Sequence[int], out: Sequence[int]):
+        """(cache, states) of this prompt's trajectory, or None when not stored (or unreadable)."""
+        from safetensors import SafetensorError, safe_open
+
+        from omnidraft.core import kv
+
+        f = self._file(prompt, out)
+        if not f.is_file():
+            self.misses += 1
+            return None
+        try:
+            with safe_open(str(f), "pt") as h:
+                meta = h.metadata() or {}
+                n = int(meta.get("layers", -1))
+                if int(meta.get("positions", -1)) != len(prompt) + len(out):
+                    raise ValueError("positions")
+                layers = [(h.get_tensor(f"k.{i}"), h.get_tensor(f"v.{i}")) for i in range(n)]
+                states = h.get_tensor("states")
+        except (SafetensorError, OSError, ValueError, KeyError):
+            self.misses += 1
+            return None
+        self.hits += 1
+        dev = self.model.device
+        return kv.cache_from([(k.to(dev), v.to(dev)) for k, v in layers], self.model), states.to(dev)
+
+    def put(self, prompt: Sequence[int], out: Sequence[int], cache, states) -> None:
+        """Keep this prompt's trajectory cache and states (atomically: whole or absent)."""
+        from safetensors.torch import save_file
+
+        from omnidraft.core import kv
+
+        layers = kv.cache_tensors(cache)
+        tensors = {"states": states.detach().cpu().contiguous()}
+        for i, (k, v) in enumerate(layers):
+            tensors[f"k.{i}"] = k.detach().cpu().contiguous()
+            tensors[f"v.{i}"] = v.detach().cpu().contiguous()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        f = self._file(prompt, out)
+        tmp = f.with_name(f"{f.stem}.{os.getpid()}.tmp")
+        save_file(tensors, str(tmp), metadata={"layers": str(len(layers)),
+                                               "positions": str(len(prompt) + len(out))})
+        os.replace(tmp, f)
 
 
 def _sha256(path: Path) -> str:
@@ -180,4 +257,4 @@ def open_replay(cfg: DictConfig, tokenizer, records: Sequence[Record], first_pro
         check_calibration(cal, str(cfg.target.name), drafter if uses_drafter_model else cal.drafter.name,
                           str(cfg.target.dtype), drafter_dtype)
         info.update({"replay/calibration": str(cal_path), "replay/calibration_machine": cal.machine})
-    return Replay(trajectories, cal, info)
+    return Replay(trajectories, cal, info, dict(trace.identity["target"]))

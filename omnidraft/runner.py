@@ -37,6 +37,7 @@ from omnidraft.learn.online import OnlineLearner
 from omnidraft.lifecycle import (
     LOGGER_RUNTIME_ARGS,
     RunContext,
+    cell_key,
     check_resume,
     command_overrides,
     fingerprint,
@@ -46,7 +47,7 @@ from omnidraft.lifecycle import (
     write_json,
 )
 from omnidraft.replay import Replay, check_replay_config, open_replay
-from omnidraft.tables import by_task, drafter_row, prompt_row, summarise, train_test_summary
+from omnidraft.tables import by_target, by_task, drafter_row, prompt_row, read_summary, summarise, train_test_summary
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
 RUNTIME_ARGS = {
@@ -88,9 +89,10 @@ def check_config(cfg: DictConfig) -> None:
     if m.temperature > 0 and m.verify == "lossless" and not m.lossless_sampling:
         raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
                              "(OmniDraft's approximate q', not lossless) or method.temperature=0")
-    if m.needs_init_state and not init_state:
+    if m.needs_init_state and not init_state and cfg.protocol != "train_test":  # train_test distils on its train slice
         raise OmniDraftError(f"method={m.name} serves an offline-distilled drafter: run `omnidraft distill` "
-                             "first, then pass drafter.init_state=<its run_dir>/state")
+                             "first, then pass drafter.init_state=<its run_dir>/state (or use protocol=train_test, "
+                             "which distils it on the train slice)")
     if cfg.resume and init_state:
         raise OmniDraftError("resume=true continues this run's own state; drop drafter.init_state")
     dr = m.get("drafter") or {}
@@ -508,18 +510,23 @@ class Session:
         return [(name, s, min(e, n)) for (s, name), e in zip(self.schedule, ends) if s < n]
 
     def use_trace(self, trajectories: dict[tuple[int, ...], list[int]], rows: str = "batched",
-                  target: str | None = None) -> None:
+                  target: str | None = None, store_dir: str | None = None,
+                  target_identity: dict[str, Any] | None = None) -> None:
         """Verify by replaying the target's recorded greedy trajectories (``engine=replay``)
         instead of running the target per step. Observers that learn from the target's rows get
         them at the end of each generation, from two batched target forwards
         (:func:`omnidraft.core.verifiers.rows_at_end`; ``rows``: ``batched`` or ``stepwise``, see
         :class:`omnidraft.core.verifiers.TraceVerifier`). ``target``: whose trajectories (default
-        the active target)."""
+        the active target). ``store_dir``: keep the rows' trajectory half there between runs
+        (:class:`omnidraft.replay.TrajectoryStore`, keyed by ``target_identity``, the trace's)."""
+        from omnidraft.replay import TrajectoryStore
+
         name = target or self.target_name
         base = self.parts[self.target_key(name)].observers if self.parts else []
         needs_rows = any(getattr(o, "needs_rows", False) for o in base)
-        self._verifiers[name] = TraceVerifier(trajectories, target=self.targets[name].model if needs_rows else None,
-                                              rows=rows)
+        model = self.targets[name].model if needs_rows else None
+        store = TrajectoryStore(store_dir, target_identity or {}, model) if store_dir and model is not None else None
+        self._verifiers[name] = TraceVerifier(trajectories, target=model, rows=rows, store=store)
         if name == self.target_name:
             self.verifier = self._verifiers[name]
             self._wire_observers()
@@ -734,6 +741,38 @@ class Session:
                     "decode.max_new_tokens or use shorter prompts")
 
 
+def distill_on_train_slice(cfg: DictConfig) -> dict[str, Any] | None:
+    """``protocol=train_test`` with an offline-distilled method (DistillSpec, ``method.needs_init_state``)
+    and no ``drafter.init_state``: distil the drafter on the TRAIN slice first (``omnidraft distill``'s
+    :func:`omnidraft.distill_command.run_distill`, into ``<run_dir>/distill``; a cut distillation
+    continues, a finished one is reused), then serve it frozen on the test prompts: the paper's
+    protocol with the offline baseline's training budget equal to the online methods' train stream.
+    Sets ``cfg.drafter.init_state``.
+
+    Returns:
+        The distillation's summary (None when nothing was distilled here).
+    """
+    m = cfg.method
+    if cfg.protocol != "train_test" or not m.needs_init_state or cfg.drafter.init_state:
+        return None
+    from omnidraft.distill_command import run_distill
+
+    d_dir = Path(cfg.run_dir) / "distill"
+    done = read_summary(d_dir) if (d_dir / "summary.json").exists() else {}
+    if done.get("status") != "ok" or not (d_dir / "state" / "meta.json").exists():
+        dcfg = train_stream_config(cfg)
+        with open_dict(dcfg):
+            dcfg.run_dir = str(d_dir)
+            dcfg.protocol, dcfg.engine = "stream", "live"  # the distillation decodes its own data, live
+            dcfg.resume = (d_dir / "data" / "meta.json").exists()  # a cut data build continues
+        done = run_distill(dcfg)
+        if done.get("status") != "ok":
+            raise OmniDraftError(f"the distillation on the train slice stopped ({done.get('status')}); see {d_dir}")
+    with open_dict(cfg):
+        cfg.drafter.init_state = str(d_dir / "state")
+    return done
+
+
 def train_stream_config(cfg: DictConfig) -> DictConfig:
     """The config of ``protocol=train_test``'s TRAIN stream: ``cfg`` with its task node replaced by
     the train slice (``task.train``: the same task from ``task.train.offset``, or another task,
@@ -789,34 +828,6 @@ def target_stream_config(cfg: DictConfig, name: str, start: int, end: int) -> Di
     return out
 
 
-def by_target(rows: list[dict[str, Any]], greedy: bool, window: int) -> list[dict[str, Any]]:
-    """Acceptance per contiguous target segment of a target-switching stream, in stream order.
-
-    Args:
-        rows: the stream's rows (each with ``target``).
-        greedy: as :func:`omnidraft.tables.summarise`.
-        window: as :func:`omnidraft.tables.summarise`.
-
-    Returns:
-        One entry per segment: ``target``, ``first_prompt``, ``last_prompt``, ``n_prompts``,
-        ``accept/rate``, ``accept/mean_len`` and, where measured, ``speed/speedup`` /
-        ``speed/modelled_speedup``.
-    """
-    segs: list[list[dict[str, Any]]] = []
-    for r in rows:
-        if not segs or segs[-1][-1].get("target") != r.get("target"):
-            segs.append([])
-        segs[-1].append(r)
-    out = []
-    for rs in segs:
-        s = summarise(rs, greedy, window)
-        out.append({"target": rs[0].get("target"), "first_prompt": rs[0]["prompt/index"],
-                    "last_prompt": rs[-1]["prompt/index"], "n_prompts": len({r["prompt/index"] for r in rs}),
-                    "accept/rate": s.get("accept/rate"), "accept/mean_len": s.get("accept/mean_len"),
-                    **{k: s[k] for k in ("speed/speedup", "speed/modelled_speedup") if k in s}})
-    return out
-
-
 def check_train_test(test: list[Record], train: list[Record], test_cfg, train_cfg) -> None:
     """Refuse train and test slices that share a prompt (compared by their first turn's raw text,
     before any template).
@@ -855,6 +866,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """
     check_config(cfg)
     resolve_dtypes(cfg)
+    cell = cell_key(cfg)  # before anything this run derives (a distilled state's path) joins the config
+    distilled = distill_on_train_slice(cfg)
     state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.run_dir) / "state"
     saved = None
     if cfg.resume:
@@ -929,10 +942,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "baseline_every": every if measure else None,
             "time/load_s": load_s,
             "resumed_at": ctx.resumed_at,
-            "choices": group_choices(),
+            "choices": group_choices(), "cell": cell,
         })
         if skipped:
             summary["train/skipped"] = skipped["train"]
+        if distilled:  # DistillSpec: distilled offline on the train slice (run_dir/distill), then frozen
+            summary["train/distill"] = {k: distilled.get(k) for k in (
+                "distill/loss_before", "distill/loss_after", "distill/n_examples", "distill/positions",
+                "distill/data_s", "distill/train_s", "n_prompts", "data", "divergence")}
         if train_test:
             summary.update({"train_task": train_cfg.task.name, "train_offset": int(train_cfg.task.offset),
                             "test_offset": int(cfg.task.offset), "n_test": len(records),
@@ -983,7 +1000,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     replay.merge(open_replay(train_cfg, sess.target.tokenizer, train_records, train_first, uses_model))
                 replays[sess.target_name] = replay
             for name, r in replays.items():
-                sess.use_trace(r.trajectories, rows=str(cfg.replay.rows), target=name)
+                sess.use_trace(r.trajectories, rows=str(cfg.replay.rows), target=name,
+                               store_dir=cfg.replay.rows_cache, target_identity=r.target_identity)
+                if cfg.replay.rows_cache:
+                    r.info["replay/rows_cache"] = str(cfg.replay.rows_cache)
             ctx.prov["replay"] = replay.info
             write_json(Path(cfg.run_dir) / "provenance.json", ctx.prov)
         warm: dict[str, list[list[int]]] = {}  # each target's first prompts (of its first segment)
@@ -1052,11 +1072,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if train_test:
             n, ev = len(train_records), int(cfg.train_test.eval_every)
             done = {r["eval/at"] for r in rows if r.get("phase") == "test"}
-            evals = sorted({0, n, *(range(ev, n, ev) if ev else ())} - done)
+            at = {0, n, *(range(ev, n, ev) if ev else ())}
+            if not cfg.train_test.eval_at_start and sess.learns() and n > 0:
+                at.discard(0)  # after training only: what the tables report
+            evals = sorted(at - done)
             if not sess.learns():  # frozen (spd_dm, sd, pld): the train stream cannot change the test set's
                 stream, stream_first, evals = [], [], [e for e in evals if e == 0]
-                skipped["train"] = (f"frozen: nothing learns, so the {n} train prompts cannot change the test "
-                                    "prompts' decoding; evaluated once, before them")
+                skipped["train"] = (f"frozen: nothing learns online, so the {n} train prompts cannot change the "
+                                    "test prompts' decoding; evaluated once, before them"
+                                    + (" (the drafter was distilled offline on them first)" if distilled else ""))
         bar = tqdm(total=len(stream), initial=start, desc=f"{cfg.method.name} {adapt_cfg.task.name}",
                    unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
         for i in range(start, len(stream) + 1):

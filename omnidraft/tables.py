@@ -399,6 +399,34 @@ def by_task(rows: list[dict[str, Any]], greedy: bool, window: int) -> dict[str, 
     return {"by_task": out}
 
 
+def by_target(rows: list[dict[str, Any]], greedy: bool, window: int) -> list[dict[str, Any]]:
+    """Acceptance per contiguous target segment of a target-switching stream, in stream order.
+
+    Args:
+        rows: the stream's rows (each with ``target``).
+        greedy: as :func:`omnidraft.tables.summarise`.
+        window: as :func:`omnidraft.tables.summarise`.
+
+    Returns:
+        One entry per segment: ``target``, ``first_prompt``, ``last_prompt``, ``n_prompts``,
+        ``accept/rate``, ``accept/mean_len`` and, where measured, ``speed/speedup`` /
+        ``speed/modelled_speedup``.
+    """
+    segs: list[list[dict[str, Any]]] = []
+    for r in rows:
+        if not segs or segs[-1][-1].get("target") != r.get("target"):
+            segs.append([])
+        segs[-1].append(r)
+    out = []
+    for rs in segs:
+        s = summarise(rs, greedy, window)
+        out.append({"target": rs[0].get("target"), "first_prompt": rs[0]["prompt/index"],
+                    "last_prompt": rs[-1]["prompt/index"], "n_prompts": len({r["prompt/index"] for r in rs}),
+                    "accept/rate": s.get("accept/rate"), "accept/mean_len": s.get("accept/mean_len"),
+                    **{k: s[k] for k in ("speed/speedup", "speed/modelled_speedup") if k in s}})
+    return out
+
+
 def bench_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One method's bench results over its rows (each paired with ar's generation).
 

@@ -200,6 +200,8 @@ def trace_identity(cfg: DictConfig) -> dict[str, Any]:
     """
     target, task = to_plain(cfg.target), to_plain(cfg.task)
     t = {k: task.get(k) for k in _TASK_KEYS}
+    if task.get("path"):  # a local file is known by its content: the same file under another path is the same stream
+        t["path_sha256"] = _file_sha256(Path(str(task["path"])))
     t["templates"] = task_templates(cfg.task)
     t["seed"] = int(cfg.seed) if task.get("shuffle") else None  # the seed orders a shuffled stream only
     return {"target": {k: target.get(k) for k in _TARGET_KEYS},
@@ -295,7 +297,7 @@ def check_trace(trace: Trace, want: TraceRequest) -> None:
                              f"decode.max_new_tokens={trace.max_new_tokens} or make a trace of this length in "
                              f"another trace.out_dir: {want.command}")
     if want.task is not None:
-        d = _first_difference(ident["task"], want.task, "task.")
+        d = _first_difference(*_task_as_compared(ident["task"], want.task), "task.")
         if d:
             raise OmniDraftError(f"{where} is of another task stream ({d}); make this run's trace: {want.command}")
     missing = []
@@ -407,6 +409,25 @@ def _read_meta(d: Path) -> dict[str, Any] | None:
     return meta
 
 
+def _file_sha256(path: Path) -> str | None:
+    """The file's sha256 (None when there is no such file: loading the task says so)."""
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _task_as_compared(saved: dict[str, Any], now: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A local task file is compared by its content (``path_sha256``) where both identities hold it,
+    not by the path string; a trace saved before the hash was recorded compares by path."""
+    if "path_sha256" in saved and "path_sha256" in now:
+        return ({k: v for k, v in saved.items() if k != "path"}, {k: v for k, v in now.items() if k != "path"})
+    return ({k: v for k, v in saved.items() if k != "path_sha256"}, {k: v for k, v in now.items() if k != "path_sha256"})
+
+
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
     """The first key where the saved ``a`` and the current ``b`` differ, as ``key: saved x, now y``."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -423,7 +444,8 @@ def _without_loaded(identity: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refuse_changed(d: Path, saved: dict[str, Any], now: dict[str, Any]) -> None:
-    diff = _first_difference(saved, now)
+    saved_task, now_task = _task_as_compared(saved.get("task") or {}, now.get("task") or {})
+    diff = _first_difference({**saved, "task": saved_task}, {**now, "task": now_task})
     if diff:
         raise OmniDraftError(f"cannot continue the trace in {d}: the config differs ({diff}); re-run with the "
                              f"trace's overrides, or trace into another trace.out_dir (or delete {d})")

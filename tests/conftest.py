@@ -126,6 +126,28 @@ def pair_llama2_llama3(llama3_tiny, llama2_tok, cache_dir):
     return cross_pair(*llama3_tiny, llama2_tok, cache_dir)
 
 
+def compose_run(tmp: Path, name: str, base: list[str], *over: str, config: str = "config"):
+    """A run's config as the CLI composes it: ``base`` then ``over`` (recorded as the run's
+    ``overrides``), run directory ``tmp/name``, results under ``tmp/results``."""
+    import json
+
+    from hydra import compose, initialize_config_dir
+
+    from omnidraft.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        over = [*base, f"paths.results_dir={tmp}/results", *over]
+        return compose(config, overrides=[f"run_dir={tmp}/{name}", *over, f"overrides={json.dumps(over)}"])
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    """A run directory's ``metrics.jsonl`` rows, as written."""
+    import json
+
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def eos_of(tok) -> set[int]:
     return {tok.eos_token_id} if tok.eos_token_id is not None else set()
 

@@ -21,6 +21,7 @@ from omnidraft.config import register_configs
 from omnidraft.paper_tables import cell_stats, paper_numbers, read_runs, write_paper_tables
 from omnidraft.runner import check_config
 
+FROZEN_ROWS = {"spd_dm", "sd", "distillspec"}  # rows in which nothing learns online (conf/row)
 EXPERIMENTS = sorted(f"paper/{p.stem}" for p in (Path(CONF_DIR) / "experiment" / "paper").glob("*.yaml"))
 SCALES = ("paper", "cpu", "tiny")
 
@@ -81,7 +82,7 @@ def test_cpu_scale_maps_each_table_to_its_registry_pair():
     assert all(c.method.temperature == 1.0 and c.engine == "live" and c.method.verify == "paper" for c in t6)
     ranks = {_compose(j).method.adapt.lora_rank for j in _jobs("experiment=paper/table12", "scale=cpu")}
     assert ranks == {8, 32, 128}
-    assert len(_jobs("experiment=paper/table1", "scale=paper")) == 2 * 4 * 5  # targets x tasks x rows (seed: one)
+    assert len(_jobs("experiment=paper/table1", "scale=paper")) == 2 * 4 * 6  # targets x tasks x rows (seed: one)
 
 
 def test_a_bad_override_fails_in_one_line_before_any_job(tmp_path):
@@ -119,7 +120,10 @@ def test_every_experiment_runs_as_a_tiny_multirun(smoke):
             if exp == "paper/target_switch":  # a stream: tiny_qwen2, tiny_llama3 (another tokenizer), tiny_qwen2
                 assert [b["target"] for b in s["by_target"]] == ["tiny_qwen2", "tiny_llama3", "tiny_qwen2"]
                 continue
-            assert s["protocol"] == "train_test" and s["n_test"] == 2 and s["n_train_prompts"] == 2
+            assert s["protocol"] == "train_test" and s["n_test"] == 2
+            # a frozen row (nothing learns) skips the train stream, which cannot change its test figures
+            assert s["n_train_prompts"] == (0 if "train/skipped" in s else 2), (exp, r.path)
+            assert ("train/skipped" in s) == (r.row in FROZEN_ROWS), (exp, r.row)
 
 
 def test_tables_of_a_sweep_in_the_paper_layout(smoke):
@@ -137,7 +141,8 @@ def test_tables_of_a_sweep_in_the_paper_layout(smoke):
     d, _ = out["paper/target_switch"]
     write_paper_tables(d, plots=False)
     md = (d / "target_switch.md").read_text()
-    assert "| hybrid s0 | tiny_qwen2 | 0..1 |" in md and "| hybrid s0 | tiny_llama3 | 2..3 |" in md
+    assert "| hybrid s0 | 1 | tiny_qwen2 | 0..1 |" in md and "| hybrid s0 | 2 | tiny_llama3 | 2..3 |" in md
+    assert "| hybrid s0 | 3 | tiny_qwen2 | 4..5 |" in md and "no control run" in md
 
 
 def test_pooled_bootstrap_matches_the_point_estimate():
@@ -189,3 +194,63 @@ def test_the_submitit_launcher_runs_a_sweep(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = read_runs(d)
     assert len(runs) == 1 and runs[0].status == "ok" and (d / ".submitit").is_dir()
+
+
+def _fake_run(d: Path, targets: list[str], at: list[int], accepted: list[int], status: str = "ok") -> None:
+    """A stream run directory of experiment paper/target_switch: config, summary, one row per prompt
+    (10 proposed, ``accepted[i]`` accepted)."""
+    d.mkdir(parents=True)
+    ts = f"{{targets: [{', '.join(targets)}], at: [{', '.join(map(str, at))}]}}" if len(targets) > 1 else \
+        "{targets: [], at: []}"
+    (d / "config.yaml").write_text(f"seed: 0\ntarget: {{name: {targets[0]}}}\ntask: {{name: gsm8k, offset: 0}}\n"
+                                   f"method: {{name: omnidraft, temperature: 0.0}}\ntarget_switch: {ts}\n")
+    (d / "summary.json").write_text(json.dumps({"status": status, "target": targets[0], "task": "gsm8k",
+                                                "choices": {"experiment": "paper/target_switch", "row": "hybrid"}}))
+    bounds = [0, *at]
+    rows = []
+    for i, a in enumerate(accepted):
+        tgt = targets[max(j for j, b in enumerate(bounds) if b <= i)] if len(targets) > 1 else targets[0]
+        rows.append({"prompt/index": i, "target": tgt, "sd/accepted": a, "sd/proposed": 10, "sd/new_tokens": a + 2,
+                     "sd/steps": 2})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_each_switch_segment_sits_beside_a_control_stream_on_the_same_prompts(tmp_path):
+    # switch A > B > A at prompts 2 and 4; A's control never switches; B has no control run;
+    # the switch run was cut after 5 prompts (status failed): its last segment shows prompt 4 only
+    _fake_run(tmp_path / "switch", ["A", "B", "A"], [2, 4], [5, 6, 0, 1, 2], status="failed")
+    _fake_run(tmp_path / "ctl_a", ["A"], [], [5, 6, 7, 8, 9, 10])
+    write_paper_tables(tmp_path, plots=False)
+    md = (tmp_path / "target_switch.md").read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| hybrid s0")]
+    assert len(rows) == 3
+    assert rows[0].startswith("| hybrid s0 (failed) | 1 | A | 0..1 | 0.550") and "0.550" in rows[0].split("|")[6]
+    assert "| 2 | B | 2..3 | 0.050" in rows[1] and "no control run" in rows[1]
+    # segment 3: A is back on prompts 4..5 but reached prompt 4 only; the control on 4..5: (9 + 10) / 20
+    assert "| 3 | A | 4..4 | 0.200" in rows[2] and "0.950" in rows[2] and "(4..5)" in rows[2]
+    assert rows[2].rstrip().endswith("| – |")  # one prompt: no interval, so no verdict
+    assert rows[0].rstrip().endswith("| no |")  # prompts 0..1 agree with the control's
+    # the control is its own column of the table, not pooled with the switching run
+    cells = json.loads((tmp_path / "target_switch.json").read_text())["cells"]
+    assert [(c["target"], c["col"]) for c in cells] == [("A", "–")]
+
+
+def test_a_cell_another_table_computed_is_copied_not_run_again(tmp_path):
+    """Table 6's `hybrid` cell is Table 1's (the same resolved config and seed): a Table 6 sweep after
+    Table 1's copies it (rows, summary with its own choices and `shared_from`) instead of decoding."""
+    res = tmp_path / "results"
+    p1 = _sweep(tmp_path, "experiment=paper/table1", "scale=tiny", "row=hybrid", f"paths.results_dir={res}")
+    assert p1.returncode == 0, p1.stderr[-2000:]
+    p6 = _sweep(tmp_path, "experiment=paper/table6", "scale=tiny", "row=hybrid,loss_nll_only", f"paths.results_dir={res}")
+    assert p6.returncode == 0, p6.stderr[-2000:]
+    assert p6.stderr.count("copied, not run again") == 1, p6.stderr[-2000:]
+    (src,) = read_runs(res / "paper" / "table1" / "tiny")
+    runs = {r.row: r for r in read_runs(res / "paper" / "table6" / "tiny")}
+    shared, own = runs["hybrid"], runs["loss_nll_only"]
+    assert shared.summary["shared_from"] == str(src.path.relative_to(res)) and "shared_from" not in own.summary
+    assert shared.experiment == "paper/table6" and shared.status == "ok"
+    assert (shared.path / "metrics.jsonl").read_text() == (src.path / "metrics.jsonl").read_text()
+    assert shared.summary["cell"] == src.summary["cell"] != own.summary["cell"]
+    write_paper_tables(res / "paper" / "table6" / "tiny", plots=False)
+    cells = json.loads((res / "paper" / "table6" / "tiny" / "table6.json").read_text())["cells"]
+    assert {c["row"] for c in cells} == {"hybrid", "loss_nll_only"}

@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, one_error_line
-from hydra import compose, initialize_config_dir
+from conftest import compose_run, metrics_rows, one_error_line
 
 from omnidraft.calibrate import run_calibrate
-from omnidraft.config import register_configs
 from omnidraft.errors import OmniDraftError
 from omnidraft.runner import run, train_stream_config
 from omnidraft.trace import run_trace
@@ -28,14 +26,11 @@ PROTOCOL = ["protocol=train_test", "train_test.train_limit=4", "train_test.eval_
 
 
 def _cfg(tmp: Path, name: str, *over: str, config: str = "config"):
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        over = [*BASE, f"paths.results_dir={tmp}/results", *over]
-        return compose(config, overrides=[f"run_dir={tmp}/{name}", *over, f"overrides={json.dumps(over)}"])
+    return compose_run(tmp, name, BASE, *over, config=config)
 
 
 def _rows(d: Path) -> list[dict]:
-    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    return metrics_rows(d)
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +163,40 @@ def test_a_frozen_method_skips_the_train_stream_and_is_evaluated_once(tmp_path):
     # an n-gram cache that grows is learning: that method decodes the train stream
     s2 = run(_cfg(tmp_path, "cache", *PROTOCOL, "ablation=cache_pp"))
     assert "train/skipped" not in s2 and s2["eval/at"] == 4
+
+
+def test_distillspec_distils_on_the_train_slice_then_is_evaluated_frozen(tmp_path):
+    """DistillSpec under train_test (no drafter.init_state): the drafter is distilled offline on the
+    train slice, into <run_dir>/distill, then served frozen on the test prompts; a re-run reuses the
+    distillation; a stream without init_state is still refused."""
+    s = run(_cfg(tmp_path, "ds", *PROTOCOL, "row=distillspec"))
+    assert s["status"] == "ok" and "distilled offline" in s["train/skipped"]
+    d = s["train/distill"]
+    assert d["n_prompts"] == 4 and d["distill/n_examples"] >= 1
+    assert d["distill/loss_after"] < d["distill/loss_before"]  # it trained
+    dsum = json.loads((tmp_path / "ds" / "distill" / "summary.json").read_text())
+    assert dsum["task_offset"] == s["train_offset"] and dsum["n_prompts"] == 4  # the train slice, not the test one
+    assert (tmp_path / "ds" / "distill" / "state" / "meta.json").exists()
+    rows = _rows(tmp_path / "ds")
+    assert [r["phase"] for r in rows] == ["test"] * 3
+    # the distilled drafter is the one served (the run's recorded config)
+    from omegaconf import OmegaConf
+
+    served = OmegaConf.load(tmp_path / "ds" / "config.yaml").drafter.init_state
+    assert Path(served) == tmp_path / "ds" / "distill" / "state"
+    mtime = (tmp_path / "ds" / "distill" / "state" / "meta.json").stat().st_mtime_ns
+    s2 = run(_cfg(tmp_path, "ds", *PROTOCOL, "row=distillspec"))  # the finished distillation is reused
+    assert (tmp_path / "ds" / "distill" / "state" / "meta.json").stat().st_mtime_ns == mtime
+    assert s2["accept/rate"] == s["accept/rate"]
+    with pytest.raises(OmniDraftError, match="serves an offline-distilled drafter"):
+        run(_cfg(tmp_path, "stream", "method=distillspec"))
+
+
+def test_eval_at_start_false_evaluates_after_training_only(tmp_path):
+    s = run(_cfg(tmp_path, "late", *PROTOCOL, "train_test.eval_at_start=false"))
+    rows = _rows(tmp_path / "late")
+    assert sorted({r["eval/at"] for r in rows if r["phase"] == "test"}) == [2, 4] and s["eval/at"] == 4
+    assert [d["eval/at"] for d in s["dynamics"]] == [2, 4]
+    # a frozen method's one evaluation stays (before the train stream it skips)
+    s = run(_cfg(tmp_path, "frozen", *PROTOCOL, "method=spd_dm", "train_test.eval_at_start=false"))
+    assert s["eval/at"] == 0 and "frozen" in s["train/skipped"]

@@ -155,3 +155,35 @@ def test_a_row_from_the_wrong_position_is_caught(noisy_pair, trace):
         traj, branch, min(pos + 1, len(traj) - n - 1), ids, n)
     diffs = _differences(live, _stream(sess), "update")
     assert any(d.startswith("update after") for d in diffs) and any(d.startswith("weights") for d in diffs)
+
+
+@pytest.mark.parametrize("case", ["omnidraft", "lora"])
+def test_a_rows_store_serves_later_runs_the_same_rows(noisy_pair, trace, live_runs, tmp_path, case):
+    """replay.rows_cache: the first replay computes and stores each prompt's trajectory (key/value
+    cache and last-layer states), a second one loads them (no trajectory forward), and both adapt
+    as live does (the batched rows' bar); a damaged file is recomputed."""
+    if case not in live_runs:
+        live_runs[case] = _stream(_session(noisy_pair, CASES[case]))
+    live = live_runs[case]
+    ident = {"name": "tiny_qwen2", "dtype": "float32"}
+    runs = []
+    for _ in range(2):
+        sess = _session(noisy_pair, CASES[case])
+        sess.use_trace(trace, store_dir=str(tmp_path), target_identity=ident)
+        runs.append((_stream(sess), sess.verifier.store))
+    (first, s1), (second, s2) = runs
+    assert s1.hits == 0 and s1.misses == N_PROMPTS and len(list(s1.dir.glob("*.safetensors"))) == N_PROMPTS
+    assert s2.hits == N_PROMPTS and s2.misses == 0
+    assert _differences(live, first, "update") == [] and _differences(live, second, "update") == []
+    assert second["steps"] == first["steps"] and second["losses"] == first["losses"]
+    for k, w in first["weights"].items():
+        assert torch.equal(w, second["weights"][k])  # stored and computed trajectories: the same numbers
+    # another target identity is another namespace; a damaged file is a miss, recomputed
+    f = sorted(s1.dir.glob("*.safetensors"))[0]
+    f.write_bytes(f.read_bytes()[:100])
+    sess = _session(noisy_pair, CASES[case])
+    sess.use_trace(trace, store_dir=str(tmp_path), target_identity=ident)
+    assert _stream(sess)["steps"] == first["steps"] and sess.verifier.store.misses == 1
+    sess = _session(noisy_pair, CASES[case])
+    sess.use_trace(trace, store_dir=str(tmp_path), target_identity={**ident, "dtype": "bfloat16"})
+    assert sess.verifier.store.dir != s1.dir

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF_DIR, PROMPTS
+from conftest import CONF_DIR, PROMPTS, compose_run, metrics_rows
 from hydra import compose, initialize_config_dir
 
 from omnidraft import state as state_io
@@ -33,14 +33,11 @@ SWITCH = [f"target_switch.targets=[{A},{B},{A}]", "target_switch.at=[2,4]", "tas
 
 
 def _cfg(tmp: Path, name: str, *over: str, config: str = "config"):
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        over = [*BASE, f"paths.results_dir={tmp}/results", *over]
-        return compose(config, overrides=[f"run_dir={tmp}/{name}", *over, f"overrides={json.dumps(over)}"])
+    return compose_run(tmp, name, BASE, *over, config=config)
 
 
 def _rows(d: Path) -> list[dict]:
-    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    return metrics_rows(d)
 
 
 def _ngram(sess: Session) -> dict:

@@ -244,3 +244,25 @@ def test_cli_writes_the_default_layout_and_refuses_in_one_line(tmp_path):
     one_error_line(_cli(["debug=tiny", "task.limit=2", "decode.max_new_tokens=4"], tmp_path),
                     "cannot continue the trace", "max_new_tokens: saved 8, now 4")
     one_error_line(_cli(["debug=tiny", "method.temperature=0.5"], tmp_path), "method.temperature=0.5")
+
+
+def test_a_local_task_file_is_known_by_its_content_not_its_path(tmp_path):
+    """The same task file under another path continues (and serves) the trace; a file whose content
+    changed under the same path is refused, naming the hash."""
+    rows = "".join(json.dumps({"id": f"q{i}", "turns": [f"Count to {i}."]}) + "\n" for i in range(3))
+    a, b = tmp_path / "a" / "data.jsonl", tmp_path / "b" / "copy.jsonl"
+    for f in (a, b):
+        f.parent.mkdir()
+        f.write_text(rows)
+    over = ["task=mt_bench", "task.source=local", "decode.max_new_tokens=6"]
+    run_trace(_cfg(tmp_path, *over, f"task.path={a}", "task.limit=2", name="t"))
+    s = run_trace(_cfg(tmp_path, *over, f"task.path={b}", "task.limit=3", name="t"))  # moved: continues
+    assert s["n_added"] == 1 and s["n_lines"] == 3
+    cfg = _cfg(tmp_path, *over, f"task.path={b}", "task.limit=3", name="t")
+    resolve_dtypes(cfg)
+    target = load_model(to_plain(cfg.target), Path(cfg.paths.cache_dir))
+    check_trace(read_trace(tmp_path / "t"), request_for(cfg, target.tokenizer,
+                                                         load_stream(to_plain(cfg.task), Path(cfg.paths.cache_dir))))
+    a.write_text(rows.replace("Count to 2.", "Count to 9."))  # same path, other content
+    with pytest.raises(OmniDraftError, match="the config differs \\(task.path_sha256: saved"):
+        run_trace(_cfg(tmp_path, *over, f"task.path={a}", "task.limit=3", name="t"))

@@ -44,6 +44,32 @@ def forward_hidden(model, ids: list[int], cache: DynamicCache) -> tuple[torch.Te
     return out.logits[0, -1], out.hidden_states[-1][0, -1]
 
 
+@torch.no_grad()
+def forward_states(model, ids: list[int], cache: DynamicCache) -> torch.Tensor:
+    """Feed ``ids``; the last layer's states (len(ids), H) from which the model's head makes its
+    logits (:func:`logits_of`), without the (len(ids), V) logits themselves. For the architectures
+    whose logits are their output head's linear map of these states (:data:`_TREE_MASK_TYPES`: no
+    logit soft-capping)."""
+    x = torch.tensor([ids], dtype=torch.long, device=model.device)
+    return model.get_decoder()(input_ids=x, cache=cache, use_cache=True).last_hidden_state[0]
+
+
+@torch.no_grad()
+def logits_of(model, states: torch.Tensor) -> torch.Tensor:
+    """The model's logits for last-layer states from :func:`forward_states` (its output head)."""
+    return model.get_output_embeddings()(states)
+
+
+def cache_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def cache_from(tensors: list[tuple[torch.Tensor, torch.Tensor]], model) -> DynamicCache:
+    """A cache holding these layers' (keys, values) (:func:`cache_tensors`)."""
+    return DynamicCache(ddp_cache_data=list(tensors), config=model.config)
+
+
 def prefix_copy(cache: DynamicCache, n: int, model) -> DynamicCache:
     """A new cache holding the first ``n`` positions of ``cache`` (``cache`` is left untouched:
     later updates of the copy concatenate into new tensors)."""

@@ -85,14 +85,20 @@ class TraceVerifier:
             all take one attention mask fall back to stepwise) or ``stepwise`` (the live verifier's
             own forwards, one per step, replayed: bit-identical to live on the same machine and
             threads, and as slow as live verification).
+        store: where the batched rows' trajectory half is kept between runs (``get(prompt, out)`` ->
+            (cache, hidden) or None, ``put(prompt, out, cache, hidden)``; :class:`omnidraft.replay.TrajectoryStore`):
+            the trajectory's forward does not depend on the drafter, so every run of a prompt after
+            the first loads its key/value cache and last-layer states instead of recomputing them.
     """
 
-    def __init__(self, trajectories: dict[tuple[int, ...], list[int]], target=None, rows: str = "batched"):
+    def __init__(self, trajectories: dict[tuple[int, ...], list[int]], target=None, rows: str = "batched",
+                 store=None):
         if rows not in REPLAY_ROWS:
             raise ValueError(f"rows must be one of {REPLAY_ROWS}, got {rows!r}")
         self.trajectories = trajectories
         self.target = target
         self.rows = rows
+        self.store = store
         self.prompt: list[int] = []
         self.out: list[int] = []
         self.pos = 0
@@ -141,19 +147,38 @@ class TraceVerifier:
                                  "pass the target to TraceVerifier(..., target=model)")
         if not self.steps:
             return []
-        model, prompt, out = self.target, self.prompt, self.out
+        model, prompt = self.target, self.prompt
         if self.rows == "stepwise" or not kv.tree_mask_ok(model):  # a custom tree mask needs one mask for all layers
             return self._stepwise_rows()
         need = max(pos + n for pos, _, n in self.steps) + 1  # trajectory rows: after prompt[-1], out[0], ...
-        cache = kv.new_cache(model)
-        if len(prompt) > 1:
-            kv.forward(model, prompt[:-1], cache, keep=1)
-        traj = kv.forward(model, [prompt[-1]] + out[: need - 1], cache)
+        cache, traj = self._trajectory(need)
         base = len(prompt)  # the cache position of out[0]
         branches = [(base + pos + n, ids[n:]) for pos, ids, n in self.steps if n < len(ids)]
         logits = iter(kv.forward_branches(model, cache, branches) if branches else [])
         return [self._rows_of_step(traj, next(logits) if n < len(ids) else None, pos, ids, n)
                 for pos, ids, n in self.steps]
+
+    def _trajectory(self, need: int) -> tuple:
+        """The key/value cache after the prompt and ``out[:need - 1]``, and the ``need`` trajectory
+        rows (logits after ``prompt[-1]``, ``out[0]``, ...): computed, or (with a store) the whole
+        trajectory's once, then loaded and cut to ``need``."""
+        model, prompt, out = self.target, self.prompt, self.out
+        if self.store is None:
+            cache = kv.new_cache(model)
+            if len(prompt) > 1:
+                kv.forward(model, prompt[:-1], cache, keep=1)
+            return cache, kv.forward(model, [prompt[-1]] + out[: need - 1], cache)
+        got = self.store.get(prompt, out)
+        if got is None:
+            cache = kv.new_cache(model)
+            if len(prompt) > 1:
+                kv.forward(model, prompt[:-1], cache, keep=1)
+            hidden = kv.forward_states(model, [prompt[-1]] + out, cache)  # every row the trajectory can need
+            self.store.put(prompt, out, cache, hidden)
+        else:
+            cache, hidden = got
+        kv.crop_to(cache, len(prompt) + need - 1)
+        return cache, kv.logits_of(model, hidden[:need])
 
     def _stepwise_rows(self) -> list[torch.Tensor]:
         """The live verifier's forwards, replayed: prefill, then per step the pending token and the
