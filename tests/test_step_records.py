@@ -5,6 +5,11 @@ tests/fixtures/make_step_records.py with the code before the issue-27 refactor (
 The same configs run with today's code must give the same per-step (proposed, accepted), the same
 output, the same n-gram cache sizes, and the same training losses (fp32, tiny models with real,
 different tokenizers). Regenerate the fixtures only for an intended change of behaviour.
+
+Regenerated (session 19, the cases whose drafter context changed) for one such change: a
+SentencePiece drafter's bytes -> id table (the re-tokenizer's fix for the dummy prefix) now takes
+the piece the tokenizer emits ('.') over its byte-fallback piece ('<0x2E>'), as the direct map does
+for SentencePiece targets (omnidraft.drafting.direct_map, map format v2).
 """
 
 from __future__ import annotations

@@ -77,3 +77,37 @@ def test_drafter_context_tracks_target_text(pair_llama2_qwen):
         d.commit(ids[i: i + 2], 0)
     assert d.retok.spelled(d.ids[n_prompt:]) == text.encode()
     assert d.ids[:n_prompt] == dtok.encode(ttok.decode(prompt))
+
+
+def test_an_spm_target_gets_the_piece_it_emits_not_its_byte_fallback(llama2_tok, qwen_tiny):
+    """Byte-level drafter -> SentencePiece target: '.' spells the same byte as the target's '<0x2E>'
+    fallback piece (a lower id), but the target's tokenizer emits its '.' piece: the map must take it
+    (else no drafted '.', digit or letter is ever accepted); a byte no piece covers keeps its fallback."""
+    qtok = qwen_tiny[1]
+    b = build_bridge(qtok, llama2_tok)
+    for text in (".", "1", "A", ","):
+        piece, fallback = _id(llama2_tok, text), _id(llama2_tok, f"<0x{ord(text):02X}>")
+        assert fallback < piece  # the lowest id spelling these bytes is the fallback
+        assert llama2_tok.encode("a" + text, add_special_tokens=False)[-1] == piece  # what the target emits
+        assert b.to_target(_id(qtok, text)) == piece, text
+    assert b.to_target(_id(qtok, "Ċ")) == _id(llama2_tok, "<0x0A>")  # '\n' has no piece: the fallback
+    # and the other way round, the drafter side's byte -> id table prefers the emitted piece too
+    assert build_bridge(llama2_tok, qtok).draft_bytes_to_id[b"."] == _id(llama2_tok, ".")
+
+
+def test_an_added_token_that_is_plain_text_maps_by_its_content(qwen_tiny, llama2_tok):
+    """Gemma 3 keeps '\\n' and '\\n\\n' as added tokens marked not special: they are text, so a
+    drafter's newline tokens map to them; an added token marked special still maps by content only."""
+    import copy
+
+    from tokenizers import AddedToken
+
+    target = copy.deepcopy(llama2_tok)
+    target.add_tokens([AddedToken("\n\n", special=False, normalized=False)])
+    target.add_tokens([AddedToken("<|mark|>", special=True)])
+    nn = target.convert_tokens_to_ids("\n\n")
+    table, specials = token_bytes_table(target)
+    assert table[nn] == b"\n\n" and nn in specials  # counted as added, as tokenizer_hash always has
+    b = build_bridge(qwen_tiny[1], target)
+    assert b.to_target(_id(qwen_tiny[1], "ĊĊ")) == nn
+    assert target.convert_tokens_to_ids("<|mark|>") not in b.d2t.tolist()

@@ -23,6 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+# v2: equal bytes map to a regular piece before a byte-fallback piece (v1 took the lowest id, so
+# SentencePiece targets got '<0x2E>' for '.', which they never emit)
+# and added tokens that are plain text (special=False: Gemma's '\n') map by their content's bytes
+_MAP_FORMAT = "v2"
 
 
 @lru_cache(maxsize=1)
@@ -57,7 +61,9 @@ def tokenizer_kind(tok) -> str:
 
 
 def token_bytes_table(tok) -> tuple[list[bytes | None], dict[int, str]]:
-    """Bytes spelled by each token id (None for special/added tokens), and the specials.
+    """Bytes spelled by each token id (None for special tokens and added tokens marked special;
+    an added token marked not special is plain text and spells its content), and the specials
+    (every added token, as :func:`tokenizer_hash` has always counted them).
 
     Returns:
         table: list of length ``len(tok)``; ``table[i]`` is the byte string of token i.
@@ -68,7 +74,12 @@ def token_bytes_table(tok) -> tuple[list[bytes | None], dict[int, str]]:
     dec = _byte_decoder()
     n = max(len(tok), max(tok.get_vocab().values()) + 1)
     table: list[bytes | None] = [None] * n
+    text_added = {int(i): at.content for i, at in getattr(tok, "added_tokens_decoder", {}).items()
+                  if not getattr(at, "special", True) and getattr(at, "content", None)}
     for s, i in tok.get_vocab().items():
+        if i in text_added:  # an added token that is plain text (Gemma's '\n', '\n\n'): its content's bytes
+            table[i] = text_added[i].encode("utf-8")
+            continue
         if i in specials:
             continue
         if kind == "byte_level":
@@ -80,6 +91,27 @@ def token_bytes_table(tok) -> tuple[list[bytes | None], dict[int, str]]:
             m = _BYTE_PIECE.match(s)
             table[i] = bytes([int(m.group(1), 16)]) if m else s.replace("▁", " ").encode("utf-8")
     return table, specials
+
+
+def byte_piece_ids(tok) -> frozenset[int]:
+    """Ids of SentencePiece byte-fallback pieces ('<0x2E>'): they spell one byte that a regular piece
+    often spells too ('.'), and the tokenizer emits them only for bytes no piece covers."""
+    if tokenizer_kind(tok) == "byte_level":
+        return frozenset()
+    return frozenset(i for s, i in tok.get_vocab().items() if _BYTE_PIECE.match(s))
+
+
+def _preferred(table: list[bytes | None], byte_pieces: frozenset[int]) -> dict[bytes, int]:
+    """bytes -> the id a tokenizer itself emits for them: a regular piece over a byte-fallback piece,
+    then the lowest id."""
+    out: dict[bytes, int] = {}
+    for i, b in enumerate(table):
+        if b is None:
+            continue
+        j = out.get(b)
+        if j is None or (j in byte_pieces and i not in byte_pieces):
+            out[b] = i
+    return out
 
 
 def tokenizer_hash(tok) -> str:
@@ -108,6 +140,7 @@ class VocabBridge:
     draft_specials: dict[int, str]
     target_specials: dict[int, str]
     key: str
+    draft_byte_pieces: frozenset[int] = frozenset()
     draft_mask: torch.Tensor = field(init=False)
     n_mapped: int = field(init=False)
     n_target_covered: int = field(init=False)
@@ -125,11 +158,7 @@ class VocabBridge:
     @property
     def draft_bytes_to_id(self) -> dict[bytes, int]:
         if self._draft_bytes_to_id is None:
-            m: dict[bytes, int] = {}
-            for i, b in enumerate(self.draft_bytes):
-                if b is not None and b not in m:
-                    m[b] = i
-            self._draft_bytes_to_id = m
+            self._draft_bytes_to_id = _preferred(self.draft_bytes, self.draft_byte_pieces)
         return self._draft_bytes_to_id
 
     def target_text_bytes(self, ids: list[int]) -> bytes:
@@ -143,15 +172,11 @@ class VocabBridge:
                 "vocab/draft_coverage": self.n_mapped / max(1, self.d2t.numel())}
 
 
-def _build_d2t(draft_bytes, draft_specials, target_bytes, target_specials) -> torch.Tensor:
-    # Prefer, for equal bytes, a regular piece over a byte-fallback piece, then the lowest id:
-    # that is the token the target's own tokenizer would emit.
-    by_bytes: dict[bytes, int] = {}
-    for i, b in enumerate(target_bytes):
-        if b is None:
-            continue
-        if b not in by_bytes:
-            by_bytes[b] = i
+def _build_d2t(draft_bytes, draft_specials, target_bytes, target_specials,
+               target_byte_pieces: frozenset[int] = frozenset()) -> torch.Tensor:
+    # For equal bytes, the token the target's own tokenizer would emit: a regular piece over a
+    # byte-fallback piece ('.' over '<0x2E>'), then the lowest id.
+    by_bytes = _preferred(target_bytes, target_byte_pieces)
     special_by_content = {c: i for i, c in target_specials.items()}
     d2t = torch.full((len(draft_bytes),), -1, dtype=torch.long)
     for i, b in enumerate(draft_bytes):
@@ -171,17 +196,18 @@ def build_bridge(draft_tok, target_tok, cache_dir: Path | None = None) -> VocabB
     db, ds = token_bytes_table(draft_tok)
     tb, ts = token_bytes_table(target_tok)
     key = f"{tokenizer_hash(draft_tok)[:16]}_{tokenizer_hash(target_tok)[:16]}"
-    path = Path(cache_dir) / "vocab_maps" / f"{key}.safetensors" if cache_dir else None
+    # the map's format in the file name: maps built by earlier rules are not reused
+    path = Path(cache_dir) / "vocab_maps" / f"{key}.{_MAP_FORMAT}.safetensors" if cache_dir else None
     if path is not None and path.exists():
         d2t = load_file(path)["d2t"]
     else:
-        d2t = _build_d2t(db, ds, tb, ts)
+        d2t = _build_d2t(db, ds, tb, ts, byte_piece_ids(target_tok))
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             save_file({"d2t": d2t.contiguous()}, str(tmp), metadata={"key": key})
             os.replace(tmp, path)
-    return VocabBridge(d2t, db, tb, ds, ts, key)
+    return VocabBridge(d2t, db, tb, ds, ts, key, byte_piece_ids(draft_tok))
 
 
 class Retokenizer:
