@@ -38,6 +38,8 @@ def test_every_config_composes_and_binds(group, option):
         over += ["drafter=qwen25_coder_05b"]
     if group == "method" and option == "distillspec":
         over += ["drafter.init_state=unused"]
+    if group == "row" and option == "distillspec":  # a paper-table row: distilled on the train slice
+        over += ["protocol=train_test"]
     cfg = _compose(over)
     check_config(cfg)  # binds every _target_ (method.drafter, loggers) to its signature
     if group == "method" and cfg.method.drafter is not None:
