@@ -39,7 +39,16 @@ from omnidraft.data.tasks import Record
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import overrides_in
 from omnidraft.provenance import cpu_name
-from omnidraft.trace import LINES_FILE, META_FILE, check_trace, read_trace, request_for, trace_command, trace_dir
+from omnidraft.trace import (
+    LINES_FILE,
+    META_FILE,
+    check_trace,
+    file_sha256,
+    read_trace,
+    request_for,
+    trace_command,
+    trace_dir,
+)
 
 
 @dataclass
@@ -195,14 +204,6 @@ class TrajectoryStore:
         os.replace(tmp, f)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def open_replay(cfg: DictConfig, tokenizer, records: Sequence[Record], first_prompt_ids: Sequence[Sequence[int]],
                 uses_drafter_model: bool) -> Replay:
     """Read and check the trace and the calibration a replay of ``cfg`` needs.
@@ -235,7 +236,7 @@ def open_replay(cfg: DictConfig, tokenizer, records: Sequence[Record], first_pro
         for turn in range(p.turns):
             line = trace.get(p.index, turn)
             trajectories[tuple(line.prompt_ids)] = list(line.output_ids)
-    info: dict[str, Any] = {"replay/trace": str(path), "replay/trace_sha256": _sha256(path / LINES_FILE),
+    info: dict[str, Any] = {"replay/trace": str(path), "replay/trace_sha256": file_sha256(path / LINES_FILE),
                             "replay/trace_lines": len(trajectories),
                             "replay/trace_dtype": trace.identity["target"].get("dtype")}
     cal = None

@@ -201,7 +201,7 @@ def trace_identity(cfg: DictConfig) -> dict[str, Any]:
     target, task = to_plain(cfg.target), to_plain(cfg.task)
     t = {k: task.get(k) for k in _TASK_KEYS}
     if task.get("path"):  # a local file is known by its content: the same file under another path is the same stream
-        t["path_sha256"] = _file_sha256(Path(str(task["path"])))
+        t["path_sha256"] = file_sha256(Path(str(task["path"])))
     t["templates"] = task_templates(cfg.task)
     t["seed"] = int(cfg.seed) if task.get("shuffle") else None  # the seed orders a shuffled stream only
     return {"target": {k: target.get(k) for k in _TARGET_KEYS},
@@ -409,7 +409,7 @@ def _read_meta(d: Path) -> dict[str, Any] | None:
     return meta
 
 
-def _file_sha256(path: Path) -> str | None:
+def file_sha256(path: Path) -> str | None:
     """The file's sha256 (None when there is no such file: loading the task says so)."""
     if not path.is_file():
         return None
