@@ -96,6 +96,31 @@ def test_prompt_lookup_proposes_the_continuation_and_is_lossless(qwen_tiny):
         assert sd.tokens == ar.tokens
 
 
+def test_context_lookup_index_finds_what_a_scan_finds():
+    """The n-gram index answers as a scan of the context would: the longest n-gram (max..min) whose
+    most recent EARLIER occurrence exists, and the tokens after it, on random low-entropy streams."""
+    from omnidraft.drafting.prompt_lookup import ContextLookup
+
+    def scan(ids, k, lo, hi):
+        for n in range(min(hi, len(ids) - 1), lo - 1, -1):
+            tail = ids[len(ids) - n:]
+            for s in range(len(ids) - n - 1, -1, -1):
+                if ids[s: s + n] == tail:
+                    return ids[s + n: s + n + k], n
+        return [], 0
+
+    g = torch.Generator().manual_seed(0)
+    for lo, hi in ((1, 2), (2, 4), (3, 3)):
+        look = ContextLookup(hi, lo)
+        ids = torch.randint(0, 4, (3,), generator=g).tolist()
+        look.reset(ids)
+        for _ in range(300):
+            assert look.find(5) == scan(ids, 5, lo, hi), (ids, lo, hi)
+            new = torch.randint(0, 4, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+            ids = ids + new
+            look.extend(new)
+
+
 def _osd(pair):
     target, ttok, _, dtok, bridge = pair
     drafter = aligned_drafter(target, bridge, len(dtok), seed=11, noise=0.2)

@@ -116,3 +116,64 @@ def test_same_vocab_sd_with_differently_padded_vocabularies(qwen_tiny):
         out = generate(target, ids, drafter=SameVocabDrafter(drafter, eos, target_vocab_size=v_t), k=4,
                        max_new_tokens=12, eos_ids=eos, temperature=1.0, generator=torch.Generator().manual_seed(0))
         assert all(t < v_t for t in out.tokens)
+
+
+def _lookup_check(target, ttok, make_drafter, k, observers=lambda d: ()):
+    """Greedy output == ar on 20 prompts with the lookup consulted first; both sources ran, and
+    each had accepted and rejected proposals."""
+    eos = eos_of(ttok)
+    by_source = {"lookup": [0, 0, 0], "model": [0, 0, 0]}  # accepted, proposed, longest proposal
+    for i, text in enumerate(PROMPTS[:20]):
+        ids = _prompt(ttok, text if i % 2 else text + " " + text)  # repeated text: lookups hit
+        ar = _ar(target, ids, eos)
+        d = make_drafter()
+        seen = []
+
+        class Spy:
+            def start(self, prompt_ids):
+                pass
+
+            def observe(self, fb):
+                seen.append((fb.proposal.source, len(fb.proposal.ids), fb.n_accepted))
+
+        sd = generate(target, ids, drafter=d, k=k, max_new_tokens=N_NEW, eos_ids=eos,
+                      observers=[*observers(d), Spy()])
+        assert sd.tokens == ar.tokens, f"k={k} prompt={text!r}"
+        for src, m, n in seen:
+            by_source[src][0] += n
+            by_source[src][1] += m
+            by_source[src][2] = max(by_source[src][2], m)
+        assert d.stats()["draft/lookup_steps"] == sum(s == "lookup" for s, _, _ in seen)
+    for src, (acc, prop, _) in by_source.items():
+        assert 0 < acc < prop, (src, acc, prop)
+    return by_source
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_same_vocab_sd_with_prompt_lookup_first_is_lossless(qwen_tiny, k):
+    from omnidraft.drafting.direct_map import build_bridge
+
+    target, ttok = qwen_tiny
+    drafter = aligned_drafter(target, build_bridge(ttok, ttok), target.config.vocab_size, noise=0.3)
+    _lookup_check(target, ttok, lambda: SameVocabDrafter(drafter, eos_of(ttok), lookup_min_match=2), k)
+
+
+@pytest.mark.parametrize("pair", ["pair_llama2_qwen", "pair_llama2_llama3"])
+def test_cross_vocab_ngram_drafter_with_prompt_lookup_first_is_lossless(request, pair):
+    """The n-gram cache keeps learning on every step (lookup steps included), and greedy output is
+    the target's."""
+    from omnidraft.drafting.model_drafters import NgramDrafter
+    from omnidraft.learn.observers import step_observers
+
+    target, ttok, drafter, dtok, bridge = request.getfixturevalue(pair)
+    v_t = target.get_output_embeddings().weight.shape[0]
+    made = []
+
+    def make():
+        made.append(NgramDrafter(drafter, dtok, bridge, v_t, eos_of(ttok), lookup_min_match=2, lookup_max_ngram=3, model_k=3))
+        return made[-1]
+
+    by_source = _lookup_check(target, ttok, make, 6, observers=lambda d: step_observers(d))
+    assert any(len(d.ngram) for d in made)  # the cache builder ran
+    # model_k caps the LM's drafts (an n-gram drafter merges them into <= 3 proposals), not the lookup's
+    assert by_source["model"][2] <= 3 < by_source["lookup"][2]

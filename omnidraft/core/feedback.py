@@ -51,6 +51,8 @@ class Proposal:
             last step emitted, re-tokenised; the others one draft each); empty for model-free
             drafters. With ``fed_hidden``, whether those forwards also returned hidden states: what
             a latency model needs (:class:`omnidraft.calibrate.StepShape`).
+        source: where the proposals came from: ``model`` (the drafter LM) or ``lookup`` (the
+            context's own n-grams: no drafter forward, no drafting record for learners to use).
     """
 
     ids: list[int]
@@ -62,6 +64,7 @@ class Proposal:
     draft_probs: list[float] | None = None
     feeds: tuple[int, ...] = ()
     fed_hidden: bool = False
+    source: str = "model"
 
 
 @dataclass

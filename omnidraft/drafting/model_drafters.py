@@ -8,7 +8,10 @@
   cached n-gram target tokens (the cache is filled by an observer,
   :class:`omnidraft.learn.ngram_builder.NgramCacheBuilder`).
 
-Prompt lookup (model-free) is in :mod:`omnidraft.drafting.prompt_lookup`.
+Prompt lookup (model-free) is in :mod:`omnidraft.drafting.prompt_lookup`. Every model drafter can
+consult it first (``lookup_min_match`` > 0): where the context's last n >= lookup_min_match target
+tokens occurred before, the tokens that followed are proposed and the drafter LM does not run that
+step (a free draft source; the proposals are verified like any other, so greedy output is unchanged).
 
 They keep their own KV cache and crop it to the longest common prefix with the new context.
 Drafters only draft: each proposal carries the record of how it was drafted (context, drafter
@@ -30,6 +33,7 @@ from omnidraft.core.feedback import Proposal, Span, TextSync
 from omnidraft.core.verify import lift_to_target, probs
 from omnidraft.drafting.direct_map import Retokenizer, VocabBridge
 from omnidraft.drafting.ngram_cache import NgramCache
+from omnidraft.drafting.prompt_lookup import ContextLookup, one_hot
 from omnidraft.errors import OmniDraftError
 
 
@@ -50,6 +54,11 @@ class FixedLength:
     def max_len(self, budget: int) -> int:
         return budget
 
+    def lookup_len(self, available: int, n_match: int) -> int:
+        """How many of the ``available`` prompt-lookup proposals (after an ``n_match``-token match)
+        to propose; 0: let the drafter LM draft instead."""
+        return available
+
     def begin(self) -> None:
         pass
 
@@ -66,9 +75,24 @@ class _ModelDrafter:
         record_hidden: record the last-layer hidden state of every drafted token (acceptance head).
         token_probs: None, or 'verify' / 't1': record each drafted token's probability at the
             verification temperature / at T=1 (acceptance-head labels; nothing at greedy 'verify').
+
+    Args (the free draft source, every subclass):
+        lookup_min_match: 0 (off), or the shortest n-gram of the context's last target tokens whose
+            earlier occurrence makes the step propose what followed it instead of running the LM.
+        lookup_max_ngram: the longest n-gram tried (longest first).
+        model_k: None, or a cap on the drafter LM's tokens per step below the step's budget k, so
+            lookup proposals (free to draft) can be longer than the LM's (method.k bounds both).
     """
 
-    def __init__(self, model, target_eos: set[int] = frozenset(), *, allowed: torch.Tensor | None = None):
+    def __init__(self, model, target_eos: set[int] = frozenset(), *, allowed: torch.Tensor | None = None,
+                 lookup_min_match: int = 0, lookup_max_ngram: int = 4, model_k: int | None = None):
+        if model_k is not None and int(model_k) < 1:
+            raise OmniDraftError(f"model_k={model_k}: use null (the step's k) or a draft length >= 1")
+        self.model_k = None if model_k is None else int(model_k)
+        self.lookup = ContextLookup(max(int(lookup_max_ngram), int(lookup_min_match)), int(lookup_min_match),
+                                    target_eos) if int(lookup_min_match) > 0 else None
+        self.lookup_steps = 0
+        self.lookup_tokens = 0
         self.model = model
         self.target_eos = set(target_eos)
         self._stable = 0  # self.ids[:_stable] is unchanged since the cache was last synced
@@ -114,11 +138,40 @@ class _ModelDrafter:
     @contextmanager
     def paused(self):
         """Draft without moving the counters (warm-up): the stream's statistics are as before afterwards."""
-        saved = self.drafted_total
+        saved = (self.drafted_total, self.lookup_steps, self.lookup_tokens)
         try:
             yield self
         finally:
-            self.drafted_total = saved
+            self.drafted_total, self.lookup_steps, self.lookup_tokens = saved
+
+    # -- the free draft source ----------------------------------------------------------------
+    def start(self, prompt_ids: list[int]) -> None:
+        if self.lookup is not None:
+            self.lookup.reset(prompt_ids)
+        self._start(prompt_ids)
+
+    def commit(self, new_ids: list[int], n_accepted: int) -> TextSync | None:
+        if self.lookup is not None:
+            self.lookup.extend(new_ids)
+        return self._commit(new_ids, n_accepted)
+
+    def _start(self, prompt_ids: list[int]) -> None:
+        raise NotImplementedError
+
+    def _commit(self, new_ids: list[int], n_accepted: int) -> TextSync | None:
+        raise NotImplementedError
+
+    def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
+        """The lookup's continuation where the context's last tokens occurred before (no LM forward),
+        else the drafter LM's proposal."""
+        if self.lookup is not None:
+            ids, n_match = self.lookup.find(k)
+            ids = ids[: self.policy.lookup_len(len(ids), n_match)] if ids else ids
+            if ids:
+                self.lookup_steps += 1
+                self.lookup_tokens += len(ids)
+                return Proposal(ids, one_hot(ids, self.v_t) if temperature > 0 else None, source="lookup")
+        return self._propose(k, temperature, generator)
 
     @torch.no_grad()
     def _draft(self, k: int, temperature: float, generator: torch.Generator | None
@@ -137,7 +190,7 @@ class _ModelDrafter:
         tok_p: list[float] | None = [] if self.token_probs is not None and label_t > 0 else None
         self.policy.begin()
         feeds: list[int] = []
-        for _ in range(self.policy.max_len(k)):
+        for _ in range(self.policy.max_len(k if self.model_k is None else min(k, self.model_k))):
             feeds.append(len(feed))
             if want_hidden:
                 logits, h = kv.forward_hidden(self.model, feed, self.cache)
@@ -168,9 +221,12 @@ class _ModelDrafter:
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters (the runner logs per-prompt differences)."""
-        return {"draft/tokens": self.drafted_total}
+        out = {"draft/tokens": self.drafted_total}
+        if self.lookup is not None:
+            out.update({"draft/lookup_steps": self.lookup_steps, "draft/lookup_tokens": self.lookup_tokens})
+        return out
 
-    def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
+    def _propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
         ctx = list(self.ids)
         drafts, qs, hidden, tok_p = self._draft(k, temperature, generator)
         q = torch.stack([self._lift(x) for x in qs]) if qs else None
@@ -182,17 +238,19 @@ class _ModelDrafter:
 class SameVocabDrafter(_ModelDrafter):
     """Standard speculative decoding: drafter and target share one tokenizer."""
 
-    def __init__(self, model, target_eos: set[int] = frozenset(), target_vocab_size: int | None = None):
+    def __init__(self, model, target_eos: set[int] = frozenset(), target_vocab_size: int | None = None,
+                 lookup_min_match: int = 0, lookup_max_ngram: int = 4, model_k: int | None = None):
         # One tokenizer, but the two embedding matrices may be padded to different sizes
         # (Qwen2.5-0.5B 151936 rows, 7B 152064): drafter ids the target's logits lack are never drafted.
         v_d = int(model.get_output_embeddings().weight.shape[0])
         self.v_t = int(target_vocab_size or v_d)
-        super().__init__(model, target_eos, allowed=torch.arange(v_d) < self.v_t if self.v_t < v_d else None)
+        super().__init__(model, target_eos, allowed=torch.arange(v_d) < self.v_t if self.v_t < v_d else None,
+                         lookup_min_match=lookup_min_match, lookup_max_ngram=lookup_max_ngram, model_k=model_k)
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def _start(self, prompt_ids: list[int]) -> None:
         self._reset(prompt_ids)
 
-    def commit(self, new_ids: list[int], n_accepted: int) -> None:
+    def _commit(self, new_ids: list[int], n_accepted: int) -> None:
         self.ids.extend(new_ids)
 
     def _to_target(self, d: int) -> int:
@@ -218,11 +276,14 @@ class DirectMapDrafter(_ModelDrafter):
         target_eos: target EOS ids; drafting stops after proposing one.
         sync_lookbehind: how many already-synced drafter tokens are re-tokenised together with the
             new text, so merges across the boundary come out as the drafter's tokenizer makes them.
+        lookup_min_match, lookup_max_ngram, model_k: the free draft source (:class:`_ModelDrafter`).
     """
 
     def __init__(self, model, tokenizer, bridge: VocabBridge, target_vocab_size: int,
-                 target_eos: set[int] = frozenset(), sync_lookbehind: int = 2):
-        super().__init__(model, target_eos, allowed=bridge.draft_mask)
+                 target_eos: set[int] = frozenset(), sync_lookbehind: int = 2, lookup_min_match: int = 0,
+                 lookup_max_ngram: int = 4, model_k: int | None = None):
+        super().__init__(model, target_eos, allowed=bridge.draft_mask, lookup_min_match=lookup_min_match,
+                         lookup_max_ngram=lookup_max_ngram, model_k=model_k)
         self.tok = tokenizer
         self.bridge = bridge
         self.v_t = int(target_vocab_size)
@@ -231,7 +292,7 @@ class DirectMapDrafter(_ModelDrafter):
         self._map_ids = torch.nonzero(bridge.draft_mask).squeeze(1)
         self._map_tgt = bridge.d2t[self._map_ids]
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def _start(self, prompt_ids: list[int]) -> None:
         # The drafter reads the same text as the target (chat markers included), in its own tokens.
         text = self.bridge.target_text_bytes(prompt_ids).decode("utf-8", errors="replace")
         d_prompt = self.tok.encode(text, add_special_tokens=True)
@@ -239,7 +300,7 @@ class DirectMapDrafter(_ModelDrafter):
         self.n_prompt = len(d_prompt)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def commit(self, new_ids: list[int], n_accepted: int) -> TextSync | None:
+    def _commit(self, new_ids: list[int], n_accepted: int) -> TextSync | None:
         """Append the target's new text: re-tokenise the last few drafter tokens + the new text.
 
         Returns the re-tokenised segment when it spells (already-synced tail + exactly the new
@@ -296,8 +357,10 @@ class NgramDrafter(DirectMapDrafter):
     def __init__(self, model, tokenizer, bridge: VocabBridge, target_vocab_size: int,
                  target_eos: set[int] = frozenset(), sync_lookbehind: int = 2,
                  ngram: NgramCache | None = None, learn: bool = True,
-                 verify: str = "lossless", capacity: int | None = None, eviction: str = "lru"):
-        super().__init__(model, tokenizer, bridge, target_vocab_size, target_eos, sync_lookbehind)
+                 verify: str = "lossless", capacity: int | None = None, eviction: str = "lru",
+                 lookup_min_match: int = 0, lookup_max_ngram: int = 4, model_k: int | None = None):
+        super().__init__(model, tokenizer, bridge, target_vocab_size, target_eos, sync_lookbehind,
+                         lookup_min_match=lookup_min_match, lookup_max_ngram=lookup_max_ngram, model_k=model_k)
         if verify not in VERIFY_RULES:
             raise OmniDraftError(f"verify={verify!r}: use 'lossless' (greedy, exact) or 'paper' (OmniDraft's q' rule)")
         self.ngram = ngram if ngram is not None else NgramCache(capacity=capacity, eviction=eviction)
@@ -320,7 +383,7 @@ class NgramDrafter(DirectMapDrafter):
         for seq in list(self.ngram._by_seq):
             self.allow(seq)
 
-    def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
+    def _propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
         if temperature > 0 and self.verify == "lossless":
             raise OmniDraftError("sampling with the n-gram cache has no lossless rule; set method.verify=paper "
                                  "(OmniDraft's approximate q') or method.temperature=0")

@@ -1,4 +1,9 @@
-"""Prompt-lookup decoding (PLD): model-free drafting from the context's own n-grams."""
+"""Prompt-lookup decoding (PLD): model-free drafting from the context's own n-grams.
+
+:class:`ContextLookup` is the lookup itself (an index of the context's n-grams, in target ids);
+:class:`PromptLookupDrafter` drafts with it alone, and the model drafters
+(:mod:`omnidraft.drafting.model_drafters`) can consult it first as a free draft source.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,64 @@ import torch
 
 from omnidraft.core.feedback import Proposal
 from omnidraft.errors import OmniDraftError
+
+
+class ContextLookup:
+    """The tokens that followed the most recent earlier occurrence of the context's last n tokens.
+
+    For n = max_ngram down to min_ngram, the last n tokens of the context (prompt + output so far)
+    are looked up among its earlier n-grams (an index kept up to date as the context grows, so a
+    lookup costs O(max_ngram) dictionary probes, not a scan); the first n that occurred before wins
+    and the tokens after its most recent earlier occurrence are the continuation (cut after an EOS).
+
+    Args:
+        max_ngram, min_ngram: the n-gram sizes tried, longest first.
+        eos: ids after which a continuation is cut (the EOS itself is kept).
+    """
+
+    def __init__(self, max_ngram: int = 2, min_ngram: int = 1, eos: set[int] | frozenset = frozenset()):
+        if not 1 <= int(min_ngram) <= int(max_ngram):
+            raise OmniDraftError(f"prompt lookup: need 1 <= min_ngram <= max_ngram, got {min_ngram}..{max_ngram}")
+        self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
+        self.eos = set(eos)
+        self.ids: list[int] = []
+        self._last: list[dict[tuple[int, ...], int]] = []  # per n: n-gram -> start of its latest occurrence
+        self._prev: list[dict[tuple[int, ...], int]] = []  # per n: n-gram -> start of the occurrence before
+
+    def reset(self, ids: list[int]) -> None:
+        self.ids = []
+        self._last = [{} for _ in range(self.max_ngram + 1)]
+        self._prev = [{} for _ in range(self.max_ngram + 1)]
+        self.extend(ids)
+
+    def extend(self, new: list[int]) -> None:
+        ids = self.ids
+        for t in new:
+            ids.append(int(t))
+            end = len(ids)
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                key = tuple(ids[end - n:])
+                last = self._last[n].get(key)
+                if last is not None:
+                    self._prev[n][key] = last
+                self._last[n][key] = end - n
+
+    def find(self, k: int) -> tuple[list[int], int]:
+        """(up to k continuation ids, the n-gram size that matched); ([], 0) when none did."""
+        ids, end = self.ids, len(self.ids)
+        if k <= 0:
+            return [], 0
+        for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
+            key = tuple(ids[end - n:])
+            s = self._last[n].get(key)
+            if s == end - n:  # the tail itself: its earlier occurrence is the one before
+                s = self._prev[n].get(key)
+            if s is None:
+                continue
+            out = ids[s + n: s + n + k]
+            stop = next((i for i, t in enumerate(out) if t in self.eos), None)
+            return (out if stop is None else out[: stop + 1]), n
+        return [], 0
 
 
 class PromptLookupDrafter:
@@ -24,41 +87,22 @@ class PromptLookupDrafter:
 
     def __init__(self, target_vocab_size: int, target_eos: set[int] = frozenset(), max_ngram: int = 2,
                  min_ngram: int = 1):
-        if not 1 <= int(min_ngram) <= int(max_ngram):
-            raise OmniDraftError(f"prompt lookup: need 1 <= min_ngram <= max_ngram, got {min_ngram}..{max_ngram}")
+        self.lookup = ContextLookup(max_ngram, min_ngram, target_eos)
         self.v_t = int(target_vocab_size)
-        self.target_eos = set(target_eos)
-        self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
-        self.ids: list[int] = []
         self.drafted_total = 0
         self.hits = 0
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.ids = list(prompt_ids)
-
-    def _lookup(self, k: int) -> list[int]:
-        ids, n_ctx = self.ids, len(self.ids)
-        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
-            tail = ids[n_ctx - n:]
-            for s in range(n_ctx - n - 1, -1, -1):  # most recent earlier occurrence first
-                if ids[s: s + n] == tail:
-                    out = ids[s + n: s + n + k]
-                    stop = next((i for i, t in enumerate(out) if t in self.target_eos), None)
-                    return out if stop is None else out[: stop + 1]
-        return []
+        self.lookup.reset(prompt_ids)
 
     def propose(self, k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
-        ids = self._lookup(k) if k > 0 else []
+        ids, _ = self.lookup.find(k)
         self.drafted_total += len(ids)
         self.hits += bool(ids)
-        q = None
-        if temperature > 0 and ids:
-            q = torch.zeros(len(ids), self.v_t)
-            q[torch.arange(len(ids)), torch.tensor(ids)] = 1.0
-        return Proposal(ids, q)
+        return Proposal(ids, one_hot(ids, self.v_t) if temperature > 0 and ids else None, source="lookup")
 
     def commit(self, new_ids: list[int], n_accepted: int) -> None:
-        self.ids.extend(new_ids)
+        self.lookup.extend(new_ids)
 
     def stats(self) -> dict[str, float]:
         return {"draft/tokens": self.drafted_total}
@@ -71,3 +115,11 @@ class PromptLookupDrafter:
             yield self
         finally:
             self.drafted_total, self.hits = saved
+
+
+def one_hot(ids: list[int], v: int) -> torch.Tensor:
+    """(len(ids), v) the distribution of a deterministic proposal: standard speculative sampling
+    with it is exact."""
+    q = torch.zeros(len(ids), v)
+    q[torch.arange(len(ids)), torch.tensor(ids)] = 1.0
+    return q
