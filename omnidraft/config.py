@@ -185,7 +185,7 @@ class AdaptConfig:
 class DraftLengthConfig:
     """How many tokens to draft per step, see omnidraft.learn.draft_length."""
 
-    # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head)
+    # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head) | cost (calibrated latencies)
     policy: str = one_of(choices.LENGTH_POLICIES, default="fixed")
     # stop when 1 - prod P(accept) > gamma; null = task.head_gamma
     gamma: Optional[float] = in_range(0, 1, default=None, open_ends=True)

@@ -241,21 +241,36 @@ def open_replay(cfg: DictConfig, tokenizer, records: Sequence[Record], first_pro
                             "replay/trace_dtype": trace.identity["target"].get("dtype")}
     cal = None
     if cfg.method.name != "ar":
-        threads = torch.get_num_threads()
-        device = str(cfg.target.device)
-        cal_path = Path(cfg.replay.calibration) if cfg.replay.calibration else \
-            calibration_path(cfg, machine_slug(device, cpu_name()), threads)
-        drafter = str(cfg.drafter.name) if cfg.drafter is not None else "none"
-        drafter_dtype = str(cfg.drafter.dtype) if uses_drafter_model else None
-        if not cal_path.is_file():
-            raise OmniDraftError(f"engine=replay models speed from this machine's latency calibration, and "
-                                 f"{cal_path} does not exist: make it with `{calibrate_command_for(cfg, threads)}` "
-                                 "(or pass replay.calibration=FILE)")
-        cal = load_calibration(cal_path)
-        # a drafter forward re-feeding a long cross-vocab emission can exceed the measured n: a
-        # replay scales the largest n's time rather than stopping mid-stream
-        cal.extrapolate = True
-        check_calibration(cal, str(cfg.target.name), drafter if uses_drafter_model else cal.drafter.name,
-                          str(cfg.target.dtype), drafter_dtype)
-        info.update({"replay/calibration": str(cal_path), "replay/calibration_machine": cal.machine})
+        cal = machine_calibration(cfg, uses_drafter_model, "engine=replay models speed from")
+        info.update({"replay/calibration": str(cal.path), "replay/calibration_machine": cal.machine})
     return Replay(trajectories, cal, info, dict(trace.identity["target"]))
+
+
+def machine_calibration(cfg: DictConfig, uses_drafter_model: bool, who: str) -> Calibration:
+    """This machine's latency calibration for ``cfg``'s pair and dtypes: ``replay.calibration``, or
+    the file ``omnidraft calibrate`` writes for this machine and thread count, checked.
+
+    Args:
+        cfg: the run's config (dtypes resolved).
+        uses_drafter_model: whether the drafter's latencies must be this run's drafter's.
+        who: what needs it, for the message (``"engine=replay models speed from"``).
+
+    Raises:
+        OmniDraftError: no such file (with the command that makes it), or one of another pair or dtype.
+    """
+    threads = torch.get_num_threads()
+    device = str(cfg.target.device)
+    cal_path = Path(cfg.replay.calibration) if cfg.replay.calibration else \
+        calibration_path(cfg, machine_slug(device, cpu_name()), threads)
+    drafter = str(cfg.drafter.name) if cfg.drafter is not None else "none"
+    drafter_dtype = str(cfg.drafter.dtype) if uses_drafter_model else None
+    if not cal_path.is_file():
+        raise OmniDraftError(f"{who} this machine's latency calibration, and {cal_path} does not exist: make it "
+                             f"with `{calibrate_command_for(cfg, threads)}` (or pass replay.calibration=FILE)")
+    cal = load_calibration(cal_path)
+    # a drafter forward re-feeding a long cross-vocab emission can exceed the measured n: scale the
+    # largest n's time rather than stop mid-stream
+    cal.extrapolate = True
+    check_calibration(cal, str(cfg.target.name), drafter if uses_drafter_model else cal.drafter.name,
+                      str(cfg.target.dtype), drafter_dtype)
+    return cal

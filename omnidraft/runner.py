@@ -46,7 +46,7 @@ from omnidraft.lifecycle import (
     to_plain,
     write_json,
 )
-from omnidraft.replay import Replay, check_replay_config, open_replay
+from omnidraft.replay import Replay, check_replay_config, machine_calibration, open_replay
 from omnidraft.tables import by_target, by_task, drafter_row, prompt_row, read_summary, summarise, train_test_summary
 
 # Arguments the runner can supply when it builds each _target_ node (each gets those it accepts).
@@ -562,9 +562,14 @@ class Session:
         """``drafter``'s draft-length policy and, for policy=head, its acceptance-head learner (the
         head of ``init``, this target's parts in drafter.init_state, where it holds one)."""
         from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
-        from omnidraft.learn.draft_length import FixedK, HeadPolicy, HeuristicK
+        from omnidraft.learn.draft_length import CostK, FixedK, HeadPolicy, HeuristicK
 
         dl, m = self.cfg.method.draft_length, self.cfg.method
+        if dl.policy == "cost":  # from this machine's latencies (the calibration replay reads too)
+            cal = machine_calibration(self.cfg, True, "method.draft_length.policy=cost chooses draft lengths from")
+            policy = CostK(cal.target_s, cal.drafter_s, k_max=dl.k_max)
+            use_length_policy(drafter, policy)
+            return policy, None
         if dl.policy in ("fixed", "heuristic"):
             policy = FixedK() if dl.policy == "fixed" else HeuristicK(k_start=m.k, k_min=dl.k_min, k_max=dl.k_max)
             use_length_policy(drafter, policy)

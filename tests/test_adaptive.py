@@ -381,3 +381,52 @@ def test_the_head_learns_with_a_direct_map_drafter_too(pair_llama2_qwen):
         generate(target, ttok.encode(text), drafter=d, k=8, max_new_tokens=16,
                  observers=step_observers(d, policy=d.policy, head=learner))
     assert learner.calibration()["head/n"] > 0 and learner.update()["head/loss"] > 0
+
+
+def test_cost_policy_picks_the_length_with_most_tokens_per_second():
+    """With verification as dear as n plain steps nothing pays (a plain step: 0); with a flat
+    verification cost and free drafting, the whole budget; in between, as the counts say."""
+    from omnidraft.learn.draft_length import CostK
+
+    linear = CostK(lambda n: 1.0 * n, lambda n: 0.0, k_max=8, explore_every=0, prior=0.9)
+    assert linear.max_len(8) == 0  # j + 1 tokens in (1 + sum h^i) < j + 1 seconds: never better
+    flat = CostK(lambda n: 1.0, lambda n: 0.0, k_max=8, explore_every=0, prior=0.5)
+    assert flat.max_len(8) == 8 and flat.max_len(3) == 3
+    # verify(n) = 1 + 0.1 (n - 1), a drafted token 0.05 s: position 1 accepted 9 times in 10, the
+    # second 1 in 9: expected tokens j=1: 1 + .83 (with the prior pseudo-counts) over 1.15 s beats j=0 and j=2
+    mid = CostK(lambda n: 1.0 + 0.1 * (n - 1), lambda n: 0.05, k_max=8, explore_every=0, prior=0.5)
+    for i in range(10):
+        mid.observe(StepFeedback(Proposal([1, 2], source="model"), None, 2 if i == 0 else (1 if i < 9 else 0), [], 0.0))
+    assert mid.counts["model"] == [[9.0, 10.0], [1.0, 9.0]]
+    assert mid.max_len(8) == 1
+    exploring = CostK(lambda n: 1.0 * n, lambda n: 0.0, k_max=8, explore_every=4)
+    picks = []
+    for _ in range(8):
+        picks.append(exploring.max_len(5))
+        exploring.observe(StepFeedback(Proposal([1] * picks[-1]), None, 0, [], 0.0))
+    assert picks == [0, 0, 0, 5, 0, 0, 0, 5]
+
+
+def test_cost_policy_with_prompt_lookup_is_lossless_and_deterministic(pair_llama2_qwen):
+    """A step may draft nothing (a plain target step), lookup proposals or the LM's; greedy output
+    is the target's whatever it picks, and two runs pick the same (no wall-clock input)."""
+    from omnidraft.learn.draft_length import CostK
+
+    target, ttok, drafter, dtok, bridge = pair_llama2_qwen
+
+    def run():
+        d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id}, lookup_min_match=2)
+        use_length_policy(d, CostK(lambda n: 1.0 + 0.3 * (n - 1), lambda n: 0.05, k_max=8, explore_every=3))
+        obs = step_observers(d, policy=d.policy)
+        steps = []
+        for text in PROMPTS[:8]:
+            ids = ttok.encode(text + " " + text)
+            sd = generate(target, ids, drafter=d, k=8, max_new_tokens=20, observers=obs)
+            assert sd.tokens == generate(target, ids, max_new_tokens=20).tokens
+            steps += [(s.proposed, s.accepted) for s in sd.steps]
+        return steps, d.policy.counts
+
+    a, counts = run()
+    assert run() == (a, counts)
+    assert any(p == 0 for p, _ in a) and any(p > 0 for p, _ in a)
+    assert "model" in counts and any(k.startswith("lookup") for k in counts)

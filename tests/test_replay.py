@@ -24,6 +24,12 @@ def _drafter(kind, target, ttok, drafter, dtok, bridge):
         return PromptLookupDrafter(v_t, eos), []
     if kind == "spd_dm":
         return DirectMapDrafter(drafter, dtok, bridge, v_t, eos), []
+    if kind == "lookup_cost":  # prompt lookup first, draft lengths (0 included) from modelled costs
+        from omnidraft.learn.draft_length import CostK
+
+        d = NgramDrafter(drafter, dtok, bridge, v_t, eos, lookup_min_match=2)
+        use_length_policy(d, CostK(lambda n: 1.0 + 0.3 * (n - 1), lambda n: 0.05, k_max=8, explore_every=3))
+        return d, step_observers(d, policy=d.policy)
     d = NgramDrafter(drafter, dtok, bridge, v_t, eos)  # cache_pp: the n-gram cache learns, the drafter is frozen
     if kind == "cache_pp_heuristic":
         use_length_policy(d, HeuristicK(k_start=2, k_max=8))
@@ -35,7 +41,7 @@ def _steps(res):
     return [(s.proposed, s.accepted, s.emitted) for s in res.steps]
 
 
-@pytest.mark.parametrize("kind", ["spd_dm", "pld", "cache_pp", "cache_pp_heuristic"])
+@pytest.mark.parametrize("kind", ["spd_dm", "pld", "cache_pp", "cache_pp_heuristic", "lookup_cost"])
 def test_replay_equals_live_step_for_step(pair_llama2_qwen, kind):
     """20 prompts through one drafter each (its n-gram cache and schedule carry across prompts):
     every step's (proposed, accepted, emitted) and every token equal between live and replay."""
@@ -48,14 +54,16 @@ def test_replay_equals_live_step_for_step(pair_llama2_qwen, kind):
     replay = TraceVerifier(trace)
     accepted = 0
     for ids in prompts:
-        k = 8 if kind == "cache_pp_heuristic" else 5
+        k = 8 if kind in ("cache_pp_heuristic", "lookup_cost") else 5
         live = generate(target, ids, drafter=live_d, k=k, max_new_tokens=N_NEW, eos_ids=eos, observers=live_obs)
         rep = generate(replay, ids, drafter=rep_d, k=k, max_new_tokens=N_NEW, eos_ids=eos, observers=rep_obs)
         assert rep.tokens == live.tokens == trace[tuple(ids)]
         assert _steps(rep) == _steps(live)
         accepted += live.accepted
     assert accepted > 0  # the acceptance path ran
-    if kind.startswith("cache_pp"):
+    if kind == "lookup_cost":
+        assert live_d.policy.counts == rep_d.policy.counts
+    if kind.startswith("cache_pp") or kind == "lookup_cost":
         assert live_d.ngram.state_dict() == rep_d.ngram.state_dict() and len(rep_d.ngram) > 0
 
 
