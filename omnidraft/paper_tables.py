@@ -557,6 +557,8 @@ def write_paper_tables(root: Path, plots: bool = True) -> list[Path]:
         if exp.startswith("paper/"):
             by_exp.setdefault(exp.split("/", 1)[1], []).append(r)
     if not by_exp:
+        if runs:  # another sweep: one line per run
+            return write_sweep_table(root, runs)
         raise OmniDraftError(f"{root}: no run of a paper experiment (experiment=paper/<table>) under it; "
                              "run `omnidraft -m experiment=paper/table1 scale=cpu` first")
     written: list[Path] = []
@@ -579,3 +581,41 @@ def write_paper_tables(root: Path, plots: bool = True) -> list[Path]:
         if plots:
             written += plot_runs(name, rs, root, spec, stats)
     return written
+
+
+def _overrides(run: Run) -> list[str]:
+    """The command-line overrides a run was launched with (its provenance records them)."""
+    prov = run.path / "provenance.json"
+    if not prov.is_file():
+        return []
+    return [str(o) for o in (json.loads(prov.read_text(encoding="utf-8")).get("overrides") or [])]
+
+
+def write_sweep_table(root: Path, runs: list[Run]) -> list[Path]:
+    """``<root>/sweep.md``: one line per run of a sweep that is not a paper experiment, labelled by the
+    overrides its runs do not share, with its (test) prompts' acceptance, tokens per step and
+    modelled speedup (95% bootstrap intervals over prompts), and the share of steps prompt lookup
+    proposed. The overrides all runs share head the file."""
+    over = {r.path: _overrides(r) for r in runs}
+    common = set.intersection(*(set(o) for o in over.values())) if over else set()
+    lines = [f"# Sweep: {root.name}", "", "Shared overrides: " + (" ".join(o for o in next(iter(over.values()))
+                                                                  if o in common) or "none") + ".", "",
+             "| run | overrides | status | n | acceptance [95% CI] | tokens/step | modelled speedup [95% CI] "
+             "| lookup steps |", "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        rows = test_rows(r) if r.status == "ok" else []
+        st = cell_stats(Cell(str(r.get("target.name")), str(r.row), None, [r], rows)) if rows else {}
+        s = summarise(rows, greedy=True) if rows else {}
+
+        def ci(v, c, f=".3f"):
+            return "-" if v is None else f"{v:{f}}" + (f" [{c[0]:{f}}, {c[1]:{f}}]" if c else "")
+
+        lines.append(f"| {r.path.relative_to(root)} | {' '.join(o for o in over[r.path] if o not in common)} | "
+                     f"{r.status} | {st.get('n', 0)} | {ci(st.get('acc'), st.get('acc_ci'))} | "
+                     f"{ci(st.get('mean_len'), None, '.2f')} | {ci(st.get('speedup'), st.get('speedup_ci'))} | "
+                     f"{ci(s.get('draft/lookup_step_share'), None, '.2f')} |")
+    lines += ["", "Tokens/step: new target tokens per verification step. Modelled speedup: engine=replay's, "
+              "from the machine's latency calibration (the runs' provenance names it)."]
+    out = root / "sweep.md"
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return [out]

@@ -54,6 +54,9 @@ key                          meaning
 ``draft/mean_len``           stream: drafter tokens per step (model drafters)
 ``ngram/size``               stream: n-gram cache entries after the prompt (``ngram/bytes`` its size)
 ``ngram/hits``               stream: proposals served by the cache (``ngram/hits_per_step``)
+``draft/lookup_steps``       stream: steps proposed by prompt lookup instead of the drafter LM
+                             (``draft/lookup_tokens`` their proposals; summary
+                             ``draft/lookup_step_share``)
 ``head/*``                   acceptance head calibration since the last row (``head/n`` proposals)
 ``adapt/update_s``           only on prompts after which an online update ran: its seconds (with
                              the learner's ``adapt/*`` / ``head/*`` statistics)
@@ -136,7 +139,8 @@ def drafter_row(before: dict[str, float], after: dict[str, float], steps: int) -
         steps: the generation's verification steps.
 
     Returns:
-        ``draft/mean_len`` and the ``ngram/*`` keys the drafter counts.
+        ``draft/mean_len`` (drafter-LM tokens per step), the ``ngram/*`` keys the drafter counts and,
+        where prompt lookup is consulted first, ``draft/lookup_steps`` and ``draft/lookup_tokens``.
     """
     row: dict[str, float] = {}
     if "draft/tokens" in after:
@@ -146,6 +150,9 @@ def drafter_row(before: dict[str, float], after: dict[str, float], steps: int) -
         row["ngram/bytes"] = after["ngram/bytes"]
         row["ngram/hits"] = after["ngram/proposed_hits"] - before.get("ngram/proposed_hits", 0)
         row["ngram/hits_per_step"] = row["ngram/hits"] / max(1, steps)
+    if "draft/lookup_steps" in after:  # a model drafter consulting prompt lookup first
+        row["draft/lookup_steps"] = after["draft/lookup_steps"] - before.get("draft/lookup_steps", 0)
+        row["draft/lookup_tokens"] = after["draft/lookup_tokens"] - before.get("draft/lookup_tokens", 0)
     return row
 
 
@@ -297,6 +304,9 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
     dr = [r for r in rows if "draft/mean_len" in r]  # rows logged by code that counted drafted tokens
     if dr:
         s["draft/mean_len"] = _ratio(sum(r["draft/mean_len"] * r["sd/steps"] for r in dr), total(dr, "sd/steps"))
+    lr = [r for r in rows if "draft/lookup_steps" in r]
+    if lr:
+        s["draft/lookup_step_share"] = _ratio(total(lr, "draft/lookup_steps"), total(lr, "sd/steps"))
     hr = [r for r in rows if "head/pred_accept" in r]
     if hr:
         n = total(hr, "head/n")
@@ -439,11 +449,14 @@ def bench_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         The :data:`BENCH_KEYS` and ``accept/proposed_per_step`` (mean draft length),
-        ``time/{wall,forward,adapt,draft,target}_s``, ``time/steps``, ``n_prompts``, ``new_tokens``.
+        ``time/{wall,forward,adapt,draft,target}_s``, ``time/steps``, ``n_prompts``, ``new_tokens``, and
+        ``speed/free_draft_bound``: the speedup the method would reach were its drafting free, at its
+        measured accepted length (its wall time less the decode loop's drafting seconds).
     """
     rows = [normalise_row(r) for r in rows]
     s = summarise(rows, greedy=True)
     wall = total(rows, "sd/wall_s", 0.0)
+    draft = total(rows, "sd/draft_s", 0.0)
     profiled = all(r.get("sd/forward_s") is not None for r in rows)
     forward = total(rows, "sd/forward_s", 0.0) if profiled else None
     return {
@@ -458,7 +471,8 @@ def bench_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mem/peak_rss_gib": max(r["mem/rss_gib"] for r in rows),
         "time/wall_s": wall, "time/forward_s": forward, "time/adapt_s": total(rows, "adapt/update_s", 0.0),
         # the decode loop's own split of the wall time (rows of benches older than it lack it)
-        "time/draft_s": total(rows, "sd/draft_s", 0.0),
+        "time/draft_s": draft,
+        "speed/free_draft_bound": s["speed/speedup"] * wall / (wall - draft) if wall > draft else None,
         "time/target_s": total(rows, "sd/target_s", 0.0),
         "time/steps": total(rows, "sd/steps"),
         "n_prompts": len(rows), "new_tokens": total(rows, "sd/new_tokens"),
@@ -704,6 +718,9 @@ def head_intervals(group: str, results: Path, size: int = 8) -> str:
     return "\n".join(out)
 
 
+NEW_DEFAULT = "omnidraft_pl"  # the framework's fastest OmniDraft configuration (conf/method/omnidraft_pl.yaml)
+
+
 def bench_table(results: Path) -> str:
     """The issue-6 bench: one bench process per task (``results/bench/runs/<task>/``, each with every
     method interleaved per prompt), a column block per task and one over all prompts (ratios of
@@ -739,7 +756,7 @@ def bench_table(results: Path) -> str:
     for m in methods:
         lines.append(f"| {m} | " + " | ".join(fmt(aggs[name][m].get(k), f) for name in aggs for _, k, f in BENCH_COLS)
                      + " |")
-    lines += ["", "Targets (issue 6), per block:", ""]
+    lines += ["", "Targets (issues 6 and 30), per block:", ""]
     for name, a in aggs.items():
         sp = {m: a[m]["speed/speedup"] for m in methods}
         checks = []
@@ -750,6 +767,12 @@ def bench_table(results: Path) -> str:
             if "omnidraft" in sp and u in sp:
                 r = sp["omnidraft"] / sp[u]
                 checks.append(f"omnidraft / {u} {r:.2f} (target >= 1.3: {'met' if r >= 1.3 else 'missed'})")
+        if NEW_DEFAULT in sp:  # issue 30: the new default against transformers' assisted generation and PLD
+            need = 1.3 if name == "all" else 1.1
+            for ref, bar in (("uag_k5", need), ("pld", 1.0)):
+                if ref in sp:
+                    r = sp[NEW_DEFAULT] / sp[ref]
+                    checks.append(f"{NEW_DEFAULT} / {ref} {r:.2f} (target >= {bar:g}: {'met' if r >= bar else 'missed'})")
         over = {m: a[m]["overhead/share"] for m in methods if m != "ar" and a[m]["overhead/share"] is not None}
         if over:
             worst = max(over, key=over.get)
@@ -762,13 +785,15 @@ def bench_table(results: Path) -> str:
         lines += ["", (f"Time per step, {name} (draft and verify phases as the decode loop times them; uag: "
                        "between and in the target's forwards):"), "",
                   ("| method | steps | draft s/step | verify s/step | drafted tok/step | draft s/drafted tok "
-                   "| wall s/token |"), "|---|---|---|---|---|---|---|"]
+                   "| wall s/token | free-drafting bound | of bound |"), "|---|---|---|---|---|---|---|---|---|"]
         for m in methods:
             a = aggs[name][m]
             st, pr = max(1, a["time/steps"]), total([r for r in rs if r["method"] == m], "sd/proposed")
+            bound = a.get("speed/free_draft_bound")
             lines.append(f"| {m} | {a['time/steps']} | {a['time/draft_s'] / st:.3f} | {a['time/target_s'] / st:.3f} | "
                          f"{pr / st:.2f} | {a['time/draft_s'] / pr if pr else 0:.3f} | "
-                         f"{a['time/wall_s'] / max(1, a['new_tokens']):.3f} |")
+                         f"{a['time/wall_s'] / max(1, a['new_tokens']):.3f} | {fmt(bound, '.2f')} | "
+                         f"{fmt(a['speed/speedup'] / bound if bound else None, '.0%')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -812,6 +837,13 @@ def bench_markdown(result: dict[str, Any]) -> str:
         lines += ["## All prompts", ""] + table(result["methods"])
         for t, ms in result.get("per_task", {}).items():
             lines += ["", f"## {t}", ""] + table(ms)
+    if result["methods"]:
+        lim = [f"{m} {a['speed/speedup']:.2f}x of {a['speed/free_draft_bound']:.2f}x "
+               f"({a['speed/speedup'] / a['speed/free_draft_bound']:.0%})"
+               for m, a in result["methods"].items() if m != "ar" and a.get("speed/free_draft_bound")]
+        if lim:
+            lines += ["", "Limit (speedup of the bound each method would reach with free drafting at its measured "
+                      "accepted length): " + "; ".join(lim) + "."]
     lines += ["", ("Speedup: tokens/s of the method over tokens/s of ar on the same prompts (ratio of totals). "
                    "Overhead: share of the method's generation wall time outside model forward passes. "
                    "Peak RSS: the process's resident memory sampled after each of the method's generations "
