@@ -254,3 +254,19 @@ def test_a_cell_another_table_computed_is_copied_not_run_again(tmp_path):
     write_paper_tables(res / "paper" / "table6" / "tiny", plots=False)
     cells = json.loads((res / "paper" / "table6" / "tiny" / "table6.json").read_text())["cells"]
     assert {c["row"] for c in cells} == {"hybrid", "loss_nll_only"}
+
+
+def test_tables_of_any_other_sweep_list_each_run_by_its_own_overrides(tmp_path):
+    """`omnidraft tables DIR` on a sweep that is no paper experiment: sweep.md, one line per run,
+    labelled by the overrides that differ, with acceptance and tokens per step from its rows."""
+    for i, (k, acc) in enumerate(((5, [5, 5]), (12, [8, 9]))):
+        d = tmp_path / str(i)
+        _fake_run(d, ["A"], [], acc)
+        (d / "summary.json").write_text(json.dumps({"status": "ok", "target": "A", "task": "gsm8k", "choices": {}}))
+        (d / "provenance.json").write_text(json.dumps({"overrides": ["method=pld", f"method.k={k}"]}))
+    (f,) = write_paper_tables(tmp_path, plots=False)
+    md = f.read_text()
+    assert f.name == "sweep.md" and "Shared overrides: method=pld." in md
+    lines = [ln for ln in md.splitlines() if ln.startswith("| 0 ") or ln.startswith("| 1 ")]
+    assert lines[0].startswith("| 0 | method.k=5 | ok | 2 | 0.500 [") and "| 3.50 |" in lines[0]
+    assert lines[1].startswith("| 1 | method.k=12 | ok | 2 | 0.850 [") and "| 5.25 |" in lines[1]
