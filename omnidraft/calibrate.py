@@ -65,6 +65,7 @@ from omnidraft.core import kv
 from omnidraft.data.models import LoadedModel, load_model, sliding_window
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import RunContext, command_overrides, resolve_dtypes, to_plain, write_json
+from omnidraft.provenance import cpu_flags
 
 FORMAT = 1
 KIND = "omnidraft-latency-calibration"
@@ -334,21 +335,35 @@ def check_calibrate_config(cfg: DictConfig) -> None:
                              f"(bad: {', '.join(map(str, bad))})")
 
 
-def machine_slug(device: str | torch.device, cpu_name: str | None) -> str:
-    """The machine part of a calibration's file name: the GPU's name on CUDA, else the CPU's.
+def isa_tag(flags: set[str] | frozenset[str]) -> str:
+    """The widest matrix ISA a CPU's flags name, which decides its speed more than its name does
+    (one CPU name has landed as AVX2-only and as AMX machines): ``amx``, ``avx512bf16``,
+    ``avx512``, ``avx2`` or ``""``."""
+    for tag, flag in (("amx", "amx_bf16"), ("avx512bf16", "avx512_bf16"), ("avx512", "avx512f"), ("avx2", "avx2")):
+        if flag in flags:
+            return tag
+    return ""
+
+
+def machine_slug(device: str | torch.device, cpu_name: str | None, flags: set[str] | frozenset[str] = frozenset()) -> str:
+    """The machine part of a calibration's file name: the GPU's name on CUDA, else the CPU's name
+    and its ISA (:func:`isa_tag` of ``flags``).
 
     Args:
         device: the target's device.
         cpu_name: the CPU's name (provenance ``cpu``).
+        flags: the CPU's feature flags (:func:`omnidraft.provenance.cpu_flags`).
 
     Returns:
         Lower-case letters, digits and ``-`` (``(R)``, ``(TM)``, ``CPU`` and the clock dropped):
-        ``intel-xeon-platinum-8480``, ``nvidia-h200``.
+        ``intel-xeon-platinum-8480-amx``, ``amd-epyc-avx2``, ``nvidia-h200``.
     """
     dev = torch.device(device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (cpu_name or "")
     name = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$", " ", name, flags=re.IGNORECASE)
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or dev.type
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or dev.type
+    isa = isa_tag(flags) if dev.type == "cpu" else ""
+    return f"{slug}-{isa}" if isa and not slug.endswith(isa) else slug
 
 
 def _dtype_part(cfg: DictConfig) -> str:
@@ -520,7 +535,7 @@ def run_calibrate(cfg: DictConfig) -> dict[str, Any]:
 
     ctx = RunContext(cfg, command_overrides(cfg))  # sets torch's threads (cfg.threads)
     threads = torch.get_num_threads()
-    machine = machine_slug(lms["target"].device, ctx.prov.get("cpu"))
+    machine = machine_slug(lms["target"].device, ctx.prov.get("cpu"), cpu_flags())
     out = calibration_path(cfg, machine, threads)
     ctx.fresh()
     log = ctx.open_log(sinks=False)

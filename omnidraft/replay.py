@@ -38,7 +38,7 @@ from omnidraft.core.decode import GenerationResult
 from omnidraft.data.tasks import Record
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import overrides_in
-from omnidraft.provenance import cpu_name
+from omnidraft.provenance import cpu_flags, cpu_name
 from omnidraft.trace import (
     LINES_FILE,
     META_FILE,
@@ -261,7 +261,7 @@ def machine_calibration(cfg: DictConfig, uses_drafter_model: bool, who: str) -> 
     threads = torch.get_num_threads()
     device = str(cfg.target.device)
     cal_path = Path(cfg.replay.calibration) if cfg.replay.calibration else \
-        calibration_path(cfg, machine_slug(device, cpu_name()), threads)
+        calibration_path(cfg, machine_slug(device, cpu_name(), cpu_flags()), threads)
     drafter = str(cfg.drafter.name) if cfg.drafter is not None else "none"
     drafter_dtype = str(cfg.drafter.dtype) if uses_drafter_model else None
     if not cal_path.is_file():

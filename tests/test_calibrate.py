@@ -202,6 +202,10 @@ def test_default_path_names_pair_machine_dtype_threads(tmp_path):
     assert machine_slug("cpu", "Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz") == "intel-xeon-platinum-8480"
     assert machine_slug("cpu", "AMD EPYC 9654 96-Core Processor") == "amd-epyc-9654-96-core-processor"
     assert machine_slug("cpu", None) == "cpu"
+    # one CPU name has landed as an AVX2-only and as an AMX machine: the ISA tells them apart
+    assert machine_slug("cpu", "Intel(R) Xeon(R) Processor", {"avx2", "avx512f", "amx_bf16"}) == "intel-xeon-processor-amx"
+    assert machine_slug("cpu", "Intel(R) Xeon(R) Processor", {"avx2", "fma"}) == "intel-xeon-processor-avx2"
+    assert machine_slug("cpu", "AMD EPYC", {"avx2", "avx512f", "avx512_bf16"}) == "amd-epyc-avx512bf16"
 
 
 def _cli(args, cwd):
