@@ -52,11 +52,66 @@ def _precompose(argv: list[str], config_name: str = "config") -> None:
     register_configs()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            _check_added_keys(overrides, compose, config_name)
             jobs = sweep_jobs(overrides, compose, config_name) if flags else [overrides]
             for job in jobs:
                 _CHECKS[config_name](compose(config_name, overrides=job))
     except (HydraException, OmegaConfBaseException) as e:
         _fail(_explain(e))
+
+
+def _check_added_keys(overrides: list[str], compose, config_name: str) -> None:
+    """Refuse ``+key=value`` where ``key``'s parent is a schema node: the schema names every key it
+    has, so an added one is a typo that would be saved into config.yaml and read by nothing.
+    Adding into an open mapping (``+bench.variants.x=...``, a drafter's kwargs) stays allowed.
+
+    Raises:
+        OmniDraftError: naming the key, the closest schema keys and the fix.
+    """
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    from omnidraft.errors import OmniDraftError
+
+    added = [o for o in overrides if o.startswith("+") and "=" in o]
+    if not added:
+        return
+    rest = [o for o in overrides if o not in added and "," not in o]
+    cfg = compose(config_name, overrides=rest)
+    for o in added:
+        key = o.split("=", 1)[0].lstrip("+")
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        if not OmegaConf.is_dict(parent) or leaf in parent:
+            continue
+        if OmegaConf.get_type(parent) in (dict, None):
+            continue  # an open mapping: adding is what `+` is for
+        near = difflib.get_close_matches(leaf, [str(k) for k in parent.keys()], n=3)
+        prefix = f"{parent_key}." if parent_key else ""
+        hint = f" (did you mean {', '.join(prefix + k for k in near)}?)" if near else ""
+        raise OmniDraftError(f"{o.split('=', 1)[0]}: the config has no key {key!r}{hint}; drop the override or fix "
+                             "its name (`omnidraft --cfg job` prints every key)")
+
+
+def _check_run_dir(argv: list[str]) -> None:
+    """A ``hydra.run.dir`` / ``hydra.sweep.dir`` given on the command line must be a directory this
+    process can write, checked before Hydra creates it (its own failure is a traceback)."""
+    import tempfile
+    from pathlib import Path
+
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    for a in argv:
+        if not a.startswith(key):
+            continue
+        path = Path(a[len(key):])
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path):
+                pass
+        except OSError as e:
+            _fail(f"{a}: cannot write there ({e.strerror or type(e).__name__}); choose a writable directory")
 
 
 # Sweep dimensions that cannot make a config invalid: one value of each is checked.
@@ -345,6 +400,7 @@ def main() -> None:
         _precompose(argv, config_name)
     except OmniDraftError as e:
         _fail(_first_line(e))
+    _check_run_dir(argv)
     register_configs()
 
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")

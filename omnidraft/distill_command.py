@@ -62,7 +62,7 @@ def _load_data(data_dir: Path, fp: dict[str, Any], resume: bool) -> dict[int, tu
         return {}
     if not meta.exists():
         raise OmniDraftError(f"resume=true but {data_dir} holds no distillation data; drop resume=true")
-    saved = json.loads(meta.read_text())
+    saved = state_io.read_meta(meta)
     if saved != json.loads(json.dumps(fp, default=str)):
         diff = next(k for k in fp if json.dumps(saved.get(k), default=str) != json.dumps(fp[k], default=str))
         raise OmniDraftError(f"cannot resume the distillation data in {data_dir}: {diff} differs from the "

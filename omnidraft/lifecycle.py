@@ -34,7 +34,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from omnidraft import provenance
-from omnidraft.data.models import resolve_dtype
+from omnidraft.data.models import resolve_device, resolve_dtype
 from omnidraft.errors import OmniDraftError
 from omnidraft.instantiate import call_with
 from omnidraft.loggers import JSONLLogger, MultiLogger
@@ -110,13 +110,18 @@ def overrides_in(cfg: DictConfig, groups: tuple[str, ...]) -> list[str]:
 
 
 def resolve_dtypes(cfg: DictConfig) -> None:
-    """Replace ``dtype: auto`` of the target and drafter by what it means on this machine
-    (bfloat16 where native, else float32; :func:`omnidraft.data.models.resolve_dtype`), so the saved
+    """Replace ``device: auto`` (CUDA when present, else CPU; :func:`omnidraft.data.models.resolve_device`)
+    and ``dtype: auto`` (bfloat16 where native, else float32; :func:`omnidraft.data.models.resolve_dtype`)
+    of the target and drafter by what they mean on this machine, so the saved
     config.yaml and the resume fingerprint name the dtype that actually ran: a stream started in
     bf16 is not silently resumed in fp32 on another machine."""
     for role in ("target", "drafter"):
         node = cfg.get(role)
-        if node is not None and node.get("dtype") == "auto":
+        if node is None:
+            continue
+        if "device" in node:  # auto -> cuda / cpu; a CUDA request without CUDA is refused here
+            node.device = resolve_device(node.device, f"{role}.device")
+        if node.get("dtype") == "auto":
             node.dtype = resolve_dtype("auto", node.get("device", "cpu"))
 
 

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omnidraft.errors import OmniDraftError
+
 
 class JSONLLogger:
     """Appends one JSON object per ``log`` call; flushed each line so nothing is lost."""
@@ -38,8 +40,13 @@ class WandbLogger:
 
         os.environ.setdefault("WANDB_SILENT", "true")
         self._wandb = wandb
-        self.run = wandb.init(project=project, mode=mode, dir=str(run_dir), name=name, group=group,
-                              tags=list(tags or []), config=run_config, reinit="finish_previous")
+        try:
+            self.run = wandb.init(project=project, mode=mode, dir=str(run_dir), name=name, group=group,
+                                  tags=list(tags or []), config=run_config, reinit="finish_previous")
+        except wandb.errors.Error as e:  # no API key, no network, a bad project name...
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise OmniDraftError(f"logger: wandb (mode={mode}) could not start: {first}; run `wandb login` or set "
+                                 "WANDB_API_KEY, or log offline (logger=default)") from None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float, bool))}, step=step)

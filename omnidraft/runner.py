@@ -8,7 +8,6 @@ which goes first so machine drift hits both equally.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +118,7 @@ def check_disjoint(cfg: DictConfig) -> None:
     meta_path = Path(cfg.drafter.init_state) / "meta.json"
     if not meta_path.exists():
         return  # load() reports a missing state with its own message
-    meta = json.loads(meta_path.read_text())
+    meta = state_io.read_meta(meta_path)
     split = meta.get("train_split")
     t = cfg.task
     if not split or split["task"] != t.name:
@@ -346,7 +345,14 @@ class Session:
             context_grad=a.context_grad, train_dtype=a.train_dtype, positions=a.positions,
             jsd_beta=a.jsd_beta, lora=lora) if a.enabled else None
         init_parts = self._init_parts(init, keys) if init is not None else {}
-        if init is not None and not init.meta.get("lora"):  # a full fine-tune's weights: every target's
+        external = init is not None and bool(init.meta.get("weights_external"))  # Decoder.save_pretrained's
+        if external and cfg.drafter.source not in ("local", "given"):
+            import warnings
+
+            warnings.warn(f"drafter.init_state={cfg.drafter.init_state} is an export whose weights are in its model "
+                          "directory; load the drafter from there (drafter.source=local drafter.path=<that dir>)",
+                          stacklevel=2)
+        if init is not None and not init.meta.get("lora") and not external:  # a full fine-tune's weights: every target's
             if self.learner is not None:
                 self.learner.load_state_dict(init.tensors, init.meta.get("learner") or {}, weights_only=True)
             else:

@@ -48,14 +48,27 @@ def save(path: str | Path, state: SavedState) -> None:
     from safetensors.torch import save_file
 
     path = Path(path)
+    bad = [k for k, v in state.tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:  # the learners skip non-finite updates; a state that still holds one is never written
+        raise OmniDraftError(f"refusing to checkpoint a non-finite online state ({len(bad)} tensor(s), e.g. "
+                             f"{bad[0]}); the previous checkpoint in {path} is kept: lower method.adapt.lr and resume")
     new, old = path.with_name(path.name + ".new"), path.with_name(path.name + ".old")
     shutil.rmtree(new, ignore_errors=True)
-    new.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.tensors.items()}, str(new / TENSORS))
-    with open(new / ROWS, "w", encoding="utf-8") as f:
-        for r in state.rows:
-            f.write(json.dumps(r, default=str) + "\n")
-    (new / META).write_text(json.dumps(state.meta, indent=1, default=str))
+    try:
+        new.mkdir(parents=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.tensors.items()}, str(new / TENSORS))
+        with open(new / ROWS, "w", encoding="utf-8") as f:
+            for r in state.rows:
+                f.write(json.dumps(r, default=str) + "\n")
+        (new / META).write_text(json.dumps(state.meta, indent=1, default=str))
+    except Exception as e:  # a full disk, a file-size limit, permissions: the last good checkpoint stays
+        if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":  # safetensors' I/O error type
+            raise
+        shutil.rmtree(new, ignore_errors=True)
+        kept = (f"the previous checkpoint in {path} is intact: free disk space and rerun with resume=true"
+                if exists(path) else "no earlier checkpoint exists: free disk space and rerun")
+        why = getattr(e, "strerror", None) or _first_line(e)
+        raise OmniDraftError(f"could not write the online state to {new} ({why}); {kept}") from None
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         os.replace(path, old)
@@ -82,11 +95,47 @@ def load(path: str | Path) -> SavedState:
         else:
             raise OmniDraftError(f"no online state in {path} (expected {META}); "
                                  "check the path, or start without resume / init_state")
-    meta = json.loads((path / META).read_text())
-    tensors = load_file(str(path / TENSORS)) if (path / TENSORS).is_file() else {}
-    rows = [json.loads(x) for x in (path / ROWS).read_text().splitlines() if x.strip()] \
-        if (path / ROWS).is_file() else []
+    meta = read_meta(path / META)
+    part = TENSORS
+    try:
+        tensors = load_file(str(path / TENSORS)) if (path / TENSORS).is_file() else {}
+        part = ROWS
+        rows = []
+        if (path / ROWS).is_file():
+            for n, line in enumerate((path / ROWS).read_text(encoding="utf-8").splitlines(), 1):
+                if line.strip():
+                    part = f"{ROWS} line {n}"
+                    rows.append(json.loads(line))
+    except (OSError, ValueError, UnicodeDecodeError, RuntimeError) as e:  # safetensors: SafetensorError
+        raise OmniDraftError(f"the online state in {path} is damaged ({part}: {type(e).__name__}: "
+                             f"{_first_line(e)}); restore it from a copy, or start a new run_dir / drop init_state") from None
+    except Exception as e:  # safetensors raises its own error type for a truncated file
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise OmniDraftError(f"the online state in {path} is damaged ({part}: {_first_line(e)}); restore it "
+                             "from a copy, or start a new run_dir / drop init_state") from None
     return SavedState(meta, tensors, rows)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A state's (or a data directory's) ``meta.json`` as a dict.
+
+    Raises:
+        OmniDraftError: the file is not a JSON object (empty, cut, garbage), naming it and the fix.
+    """
+    try:
+        meta = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise OmniDraftError(f"{path} is damaged ({type(e).__name__}: {_first_line(e)}); restore it from a copy, "
+                             "or start a new run_dir / drop init_state") from None
+    return meta
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else type(e).__name__
 
 
 TARGETS = "targets"  # meta key of the parts of every target but the active one

@@ -83,6 +83,38 @@ def native_bf16(device: str | torch.device = "cpu", flags: set[str] | None = Non
     return bool((cpu_flags() if flags is None else flags) & set(BF16_FLAGS))
 
 
+def resolve_device(name: str, key: str = "device") -> str:
+    """A model config's device with ``auto`` resolved (``cuda`` when torch sees a CUDA device, else
+    ``cpu``), checked: a CUDA device this machine lacks, or a name torch does not know, is refused.
+
+    Args:
+        name: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``mps`` where torch has it).
+        key: the config key, for the message (``target.device``).
+
+    Raises:
+        OmniDraftError: one line naming the value and the fix.
+    """
+    name = str(name)
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise OmniDraftError(f"{key}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise OmniDraftError(f"{key}={name}: this torch ({torch.__version__}) sees no CUDA device; set {key}=cpu "
+                                 "(or auto), or install a CUDA build of torch (README: GPU)")
+        if dev.index is not None and dev.index >= n:
+            raise OmniDraftError(f"{key}={name}: this machine has {n} CUDA device(s); use cuda:0..cuda:{n - 1}")
+    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise OmniDraftError(f"{key}={name}: MPS is not available here; set {key}=cpu (or auto)")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise OmniDraftError(f"{key}={name!r}: this framework runs on cpu, cuda or mps; use auto, cpu, cuda or cuda:N")
+    return name
+
+
 def resolve_dtype(name: str, device: str | torch.device = "cpu", flags: set[str] | None = None) -> str:
     """A model config's dtype name with ``auto`` resolved: bfloat16 where it is native on
     ``device`` (:func:`native_bf16`), float32 elsewhere. Other names pass through unchanged."""
@@ -106,7 +138,7 @@ def load_model(spec: Mapping[str, Any], cache_dir: Path) -> LoadedModel:
         cache_dir: root of the download / conversion cache.
     """
     t0 = time.perf_counter()
-    device = torch.device(spec.get("device", "cpu"))
+    device = torch.device(resolve_device(spec.get("device", "cpu"), f"{spec.get('name', 'model')}.device"))
     dtype = parse_dtype(spec.get("dtype", "auto"), device)
     source = spec["source"]
     if spec.get("trust_remote_code"):
@@ -126,6 +158,9 @@ def load_model(spec: Mapping[str, Any], cache_dir: Path) -> LoadedModel:
         model, tok = _from_hub(spec, dtype)
     elif source == "tiny":
         model, tok = build_tiny(spec["tiny"], Path(cache_dir), dtype)
+    elif source == "given":
+        raise OmniDraftError(f"model {spec['name']!r} has source=given: pass the model object to "
+                             "omnidraft.api.from_models, or pick a model config (target=..., drafter=...)")
     else:
         raise OmniDraftError(f"model {spec['name']!r}: unknown source {source!r}; "
                              "use gguf_package, hub, local or tiny")
@@ -135,6 +170,30 @@ def load_model(spec: Mapping[str, Any], cache_dir: Path) -> LoadedModel:
     max_ctx = spec.get("max_context") or getattr(model.config, "max_position_embeddings", 2048)
     return LoadedModel(spec["name"], model, tok, dtype, device, int(max_ctx),
                        time.perf_counter() - t0, source)
+
+
+def wrap_model(model, tokenizer, name: str | None = None, max_context: int | None = None) -> LoadedModel:
+    """An HF causal LM and its tokenizer, built by the caller, as a :class:`LoadedModel`: put in
+    eval mode with gradients off (the online learner trains its own copy, or the weights in place
+    for a full fine-tune), nothing copied.
+
+    Args:
+        model: a transformers ``PreTrainedModel`` with a causal-LM head.
+        tokenizer: its tokenizer.
+        name: what runs call it (default: ``model.name_or_path``).
+        max_context: positions it may use (default: ``config.max_position_embeddings``).
+    """
+    if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+        raise OmniDraftError(f"{type(model).__name__} has no LM head: pass an AutoModelForCausalLM")
+    if not callable(getattr(tokenizer, "encode", None)):
+        raise OmniDraftError(f"{type(tokenizer).__name__} is not a tokenizer: pass the model's AutoTokenizer")
+    p = next(model.parameters())
+    model.eval()
+    for q in model.parameters():
+        q.requires_grad_(False)
+    name = name or str(getattr(model, "name_or_path", "") or type(model).__name__)
+    max_ctx = max_context or getattr(model.config, "max_position_embeddings", 2048)
+    return LoadedModel(name, model, tokenizer, p.dtype, p.device, int(max_ctx), 0.0, "given")
 
 
 def _from_pretrained(path, dtype, **kw):

@@ -218,30 +218,39 @@ def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list
     if not path.is_file():
         raise OmniDraftError(f"task {name}: local file {path} does not exist; set task.path to a JSONL file, {LOCAL_SCHEMA}")
     recs, bad = [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                if not isinstance(d, dict):
-                    raise TypeError("not a JSON object")
-                if name in TASKS and not d.keys() <= _NORMALISED_KEYS:  # the dataset's own fields (XSum: document, ...)
-                    rec = TASKS[name].normalise(d, n - 1)
-                else:
-                    rec = Record(str(d.get("id", f"{name}/{n}")), d["turns"], d.get("reference"),
-                                 dict(d.get("metadata") or {}))
-                turns = rec.turns
-                if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                    raise ValueError("the prompt ('turns', or the dataset's own text field) must be a non-empty "
-                                     "list of strings")
-                recs.append(rec)
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                msg = f"{path}:{n}: bad record ({type(e).__name__}: {e})"
-                if on_bad_record == "fail":
-                    raise OmniDraftError(f"{msg}; fix the line (the normalised schema, or {name}'s own fields) "
-                                         "or set task.on_bad_record=skip") from None
-                bad.append(msg)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise OmniDraftError(f"task {name}: {path}:{line} is not UTF-8 (byte {e.object[e.start]:#04x} at offset "
+                             f"{e.start}); save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    except OSError as e:
+        raise OmniDraftError(f"task {name}: cannot read {path} ({e.strerror}); check task.path and its permissions") from None
+    if not text.strip():
+        raise OmniDraftError(f"task {name}: local file {path} is empty; set task.path to a JSONL file, {LOCAL_SCHEMA}")
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if not isinstance(d, dict):
+                raise TypeError("not a JSON object")
+            if name in TASKS and not d.keys() <= _NORMALISED_KEYS:  # the dataset's own fields (XSum: document, ...)
+                rec = TASKS[name].normalise(d, n - 1)
+            else:
+                rec = Record(str(d.get("id", f"{name}/{n}")), d["turns"], d.get("reference"),
+                             dict(d.get("metadata") or {}))
+            turns = rec.turns
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise ValueError("the prompt ('turns', or the dataset's own text field) must be a non-empty "
+                                 "list of strings")
+            recs.append(rec)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            msg = f"{path}:{n}: bad record ({type(e).__name__}: {e})"
+            if on_bad_record == "fail":
+                raise OmniDraftError(f"{msg}; fix the line (the normalised schema, or {name}'s own fields) "
+                                     "or set task.on_bad_record=skip") from None
+            bad.append(msg)
     if bad:
         import warnings
 
@@ -322,7 +331,12 @@ def load_stream(cfg: Mapping[str, Any], cache_dir: Path, seed: int = 0) -> list[
             recs = parts[0][:at] + parts[1]
         recs = _select(recs, {**cfg, "shuffle": False}, seed)
     else:
-        recs = _select(load_task(name, source, cache_dir, **kw), cfg, seed)
+        recs = load_task(name, source, cache_dir, **kw)
+        total = len(recs)
+        recs = _select(recs, cfg, seed)
+        if not recs:
+            raise OmniDraftError(f"task {name}: task.offset={cfg.get('offset') or 0} is past the end of its {total} "
+                                 f"records, so the stream is empty; use task.offset < {total}")
     for r in recs:
         if not r.turns or not all(t.strip() for t in r.turns):
             raise OmniDraftError(f"task {name}: record {r.id!r} has an empty prompt; remove it or fix the data")

@@ -225,7 +225,9 @@ class OnlineLearner:
             head.head.train()
         stats = {"adapt/loss": 0.0, "adapt/loss_dm": 0.0, "adapt/loss_ngram": 0.0}
         head_loss, n_head = 0.0, 0
-        n, n_examples = 0, len(self.buffer)
+        n, n_examples, skipped, reverted = 0, len(self.buffer), 0, False
+        params = [*self.master, *(head.head.parameters() if head is not None else ())]
+        last_good = [p.detach().clone() for p in params]  # served again if this update diverges
         plan = [batches(self.buffer, self.batch_size, self.rng) for _ in range(self.steps_per_update)]
         bar = tqdm(total=sum(map(len, plan)), desc="adapt", unit="batch", leave=False, disable=not progress)
         try:
@@ -233,8 +235,17 @@ class OnlineLearner:
                 for b in epoch:
                     bar.update(1)
                     out = self.losses([self.buffer[i] for i in b])
+                    if not bool(torch.isfinite(out["loss"].detach())):
+                        skipped += 1  # a NaN / inf loss teaches nothing: no step on this mini-batch
+                        continue
                     if out["loss"].requires_grad:
                         out["loss"].backward()
+                        if not all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None):
+                            skipped += 1
+                            self.opt.zero_grad(set_to_none=True)
+                            if head is not None:
+                                head.opt.zero_grad(set_to_none=True)
+                            continue
                         self.opt.step()
                         self.opt.zero_grad(set_to_none=True)
                         if head is not None:
@@ -247,6 +258,11 @@ class OnlineLearner:
                                    ("loss_ngram", "adapt/loss_ngram")):
                         stats[key] += float(out[k].detach())
                     n += 1
+            if not all(bool(torch.isfinite(p).all()) for p in params):  # e.g. a learning rate far too large
+                reverted = True
+                with torch.no_grad():
+                    for p, good in zip(params, last_good):
+                        p.copy_(good)
         finally:
             bar.close()
             self.opt.zero_grad(set_to_none=True)
@@ -260,6 +276,13 @@ class OnlineLearner:
             self.buffer.clear()
         self.n_updates += 1
         out = {k: v / max(1, n) for k, v in stats.items()} | {"adapt/n_examples": n_examples, "adapt/n_batches": n}
+        if skipped or reverted:
+            import warnings
+
+            out |= {"adapt/skipped_batches": skipped, "adapt/reverted": int(reverted)}
+            what = [f"{skipped} mini-batch(es) with a non-finite loss or gradient skipped"] if skipped else []
+            what += ["the weights diverged, so the last good ones are served"] if reverted else []
+            warnings.warn(f"online update {self.n_updates}: {'; '.join(what)} (lower method.adapt.lr?)", stacklevel=2)
         if head is not None and n_head:
             head.n_updates += 1
             out |= {"head/loss": head_loss / n_head, "head/n_updates": head.n_updates}
