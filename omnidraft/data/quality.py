@@ -98,6 +98,7 @@ def score(record: Record, turn: int, output: str, n_tokens: int, *, execute_code
             out["quality/pass@1"] = float(res.passed)
             out["quality/exec_status"] = res.status
             out["quality/exec_detail"] = res.detail
+            out["quality/exec_confinement"] = ",".join(res.confinement) or "none"
     return out
 
 
