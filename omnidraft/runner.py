@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
 from omnidraft.config import TaskConfig, check_schema, target_defaults, task_defaults, task_templates
+from omnidraft.core.certify import certify
 from omnidraft.core.decode import generate
 from omnidraft.core.verifiers import TraceVerifier, rows_at_end
 from omnidraft.data.models import LoadedModel, load_model, sliding_window
@@ -1062,6 +1063,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                        timeout=float(tn.exec_timeout_s), memory_mb=int(tn.exec_memory_mb))}
                 if replays:
                     row.update(replays[sess.target_name].row(sd))
+                elif ar is not None and greedy and sd.tokens != ar.tokens:  # a bf16 near-tie, or a bug?
+                    row.update(certify(sess.target.model, ids, sd.tokens, ar.tokens) or {})
                 row["text/output"] = sess.target.tokenizer.decode(sd.tokens)
                 history.append({"role": "assistant", "content": answer})
                 if sess.head_learner is not None:

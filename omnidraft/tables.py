@@ -46,6 +46,11 @@ key                          meaning
 ``speed/ar_tok_per_s``       ar's tokens per second
 ``speed/speedup``            the row's tokens/s over ar's
 ``lossless/match``           the method emitted ar's tokens exactly
+``lossless/near_tie``        where it did not (greedy, live): the first divergence is a numerical
+                             near-tie, the top-2 logit gap there below one ulp of the dtype
+                             (omnidraft.core.certify; ``lossless/gap_batched``, ``_stepwise``,
+                             ``lossless/resolution``); summaries: ``lossless/near_tie_rate``,
+                             ``lossless/unexplained`` (divergences that are not near-ties)
 ``speed/modelled_speedup``   engine=replay: the row's speedup modelled from this machine's latency
                              calibration (``speed/modelled_sd_s``: its steps' modelled seconds,
                              ``speed/modelled_ar_step_s``: one plain step's); wall times of a
@@ -335,6 +340,9 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
                 _ratio(total(paired, "sd/new_tokens"), total(paired, "sd/steps")), sd_step, ar_step)
         if greedy:
             s["lossless/match_rate"] = sum(bool(r["lossless/match"]) for r in paired) / len(paired)
+            # a divergence certified a numerical near-tie (omnidraft.core.certify) is explained; any other is not
+            s["lossless/near_tie_rate"] = sum(bool(r.get("lossless/near_tie")) for r in paired) / len(paired)
+            s["lossless/unexplained"] = sum(not r["lossless/match"] and not r.get("lossless/near_tie") for r in paired)
     modelled = [r for r in rows if "speed/modelled_sd_s" in r]  # engine=replay: a latency calibration's model
     if modelled:
         n_steps = total(modelled, "sd/steps")
