@@ -882,7 +882,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     distilled = distill_on_train_slice(cfg)
     state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(cfg.run_dir) / "state"
     saved = None
-    if cfg.resume:
+    if cfg.resume and not state_io.exists(state_dir) and not cfg.state_dir:
+        import warnings  # killed before its first checkpoint: what it logged is decoded again
+
+        warnings.warn(f"resume=true: {state_dir} holds no checkpoint yet (the run stopped before its first, "
+                      f"checkpoint_every={cfg.checkpoint_every}), so the stream starts again from its first prompt",
+                      stacklevel=2)
+    elif cfg.resume:
         saved = state_io.load(state_dir)
         check_resume(cfg, saved.meta["fingerprint"], f"from {state_dir}",
                      "resume with the run's original overrides, or start a new run_dir")
