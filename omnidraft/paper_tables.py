@@ -227,6 +227,8 @@ def cell_stats(cell: Cell, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, 
                            "mean_len": s.get("accept/mean_len")}
     sizes = [r.summary.get("train/ngram/size") for r in cell.runs if r.summary.get("train/ngram/size") is not None]
     out["ngram_size"] = float(np.mean(sizes)) if sizes else None
+    # the machine whose latency calibration modelled the speedup (replay): speeds compare within one only
+    out["calibration"] = sorted({str(m) for r in cell.runs if (m := r.summary.get("replay/calibration_machine"))})
     if len(rows) >= 2:
         v = _vectors(rows)
         idx = np.random.default_rng(seed).integers(0, len(rows), size=(n_boot, len(rows)))
@@ -297,6 +299,13 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
     out += [f"Runs on: {provenance.get('cpu', '?')}; engine {provenance.get('engine', '?')}; "
             f"{provenance.get('dtype', '?')}; {provenance.get('max_new_tokens', '?')} new tokens; "
             f"train prompts {provenance.get('train', '?')}, test prompts {provenance.get('test', '?')}.", ""]
+    machines = sorted({m for st in stats.values() if st for m in st.get("calibration") or []})
+    tag = {m: f" ({chr(ord('a') + i)})" for i, m in enumerate(machines)} if len(machines) > 1 else {}
+    if tag:
+        out += ["Speedups are modelled from more than one machine's latency calibration, marked per cell: "
+                + "; ".join(f"({chr(ord('a') + i)}) {m}" for i, m in enumerate(machines))
+                + ". Compare speedups only between cells of one machine; acceptance is the same on any machine "
+                "(replay is exact).", ""]
     colname = spec["cols"]
     for tgt in targets:
         out += [f"## target {tgt}", "", f"| row | {colname} | acceptance (ours) | speedup (ours) | n | seeds | paper acc / speedup |",
@@ -313,7 +322,8 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
                     continue
                 seeds = f"{len(st['seeds'])}{'*' if st['seed_independent'] else ''}"
                 out.append(f"| {LABELS.get(r, r)} | {c} | {_num(st['acc'])}{_ci(st['acc_ci'])} | "
-                           f"{_num(st['speedup'], '.2f')}{_ci(st['speedup_ci'], '.2f')} | {st['n']} | {seeds} | {paper} |")
+                           f"{_num(st['speedup'], '.2f')}{_ci(st['speedup_ci'], '.2f')}"
+                           f"{''.join(tag.get(m, '') for m in st.get('calibration') or [])} | {st['n']} | {seeds} | {paper} |")
         out.append("")
     out += render_segments(runs_all if runs_all is not None else cells_runs(cells))
     if failed:
