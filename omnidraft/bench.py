@@ -235,7 +235,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
             if old.name != folder:
                 shutil.rmtree(old, ignore_errors=True)
 
-    log = ctx.open_log(sinks=False)  # the bench's results JSON is its record: no wandb run
+    log = ctx.open_log()  # metrics.jsonl, and the logger config's sinks (wandb offline by default)
 
     def result_of(status: str) -> dict[str, Any]:
         done = min((len(r) for r in rows.values()), default=0)
@@ -283,7 +283,7 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                 upd = sessions[m].after_prompt(i)
                 row = bench_row(m, task, rid, i, res, ar, forward_s=fwd, rss_gib=rss, update=upd)
                 rows[m].append(row)
-                log.log(row, step=i)
+                log.log(row, step=i, sink_prefix=f"{m}/")
             if ctx.checkpoint_due(i, len(prompts)):
                 checkpoint(i + 1)
         bar.close()

@@ -121,7 +121,7 @@ def run_distill(cfg: DictConfig) -> dict[str, Any]:
     done = _load_data(data_dir, _data_fingerprint(cfg), bool(cfg.resume))
     if not cfg.resume:  # resume=true continues the data build and its log
         ctx.drop_metrics()
-    log = ctx.open_log(sinks=False)
+    log = ctx.open_log()  # metrics.jsonl, and the logger config's sinks (wandb offline by default)
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}  # the distillation's results, once it finished
 

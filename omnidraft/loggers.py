@@ -64,9 +64,15 @@ class MultiLogger:
     def __init__(self, loggers: list):
         self.loggers = loggers
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, Any], step: int, sink_prefix: str = "") -> None:
+        """``metrics`` to every logger; the extra sinks (wandb) get keys prefixed with ``sink_prefix``
+        (the bench logs one row per method at each step: ``<method>/<key>`` there), metrics.jsonl
+        the row as it is."""
         for lg in self.loggers:
-            lg.log(metrics, step)
+            if sink_prefix and not isinstance(lg, JSONLLogger):
+                lg.log({f"{sink_prefix}{k}": v for k, v in metrics.items()}, step)
+            else:
+                lg.log(metrics, step)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         for lg in self.loggers:

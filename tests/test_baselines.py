@@ -450,3 +450,17 @@ def test_bench_resume_is_not_passed_to_the_methods(tmp_path):
     assert base == ["debug=tiny", "seed=3"]
     with pytest.raises(OmniDraftError, match="drop drafter.init_state"):  # what the filter prevents
         check_config(_cfg("config", "debug=tiny", "resume=true", f"drafter.init_state={tmp_path}"))
+
+
+def test_bench_and_distill_log_to_wandb_offline_like_runs(tmp_path, monkeypatch):
+    from omnidraft.bench import run_bench
+    from omnidraft.distill_command import run_distill
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_bench(_cfg("bench", "logger=default", f"run_dir={tmp_path / 'bench_run'}", f"bench.out_dir={tmp_path / 'out'}",
+                   "bench.name=tiny", "bench.tasks=[synthetic]", "bench.limit=1", "decode.max_new_tokens=4",
+                   "bench.methods=[ar,pld]", "progress=false"))
+    assert list((tmp_path / "bench_run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    run_distill(_cfg("distill", "logger=default", f"run_dir={tmp_path / 'distill_run'}", "task=synthetic",
+                     "task.offset=0", "task.limit=2", "distill.max_new_tokens=4", "progress=false"))
+    assert list((tmp_path / "distill_run" / "wandb").glob("offline-run-*/run-*.wandb"))
