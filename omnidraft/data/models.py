@@ -30,6 +30,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 # Vocabulary-only GGUFs shipped in the llama-cpp-python sdist: real tokenizers of the paper's
 # models, used with tiny random-weight models in tests and debug runs.
 _LCPP = ("llama-cpp-python", "0.3.36", "llama_cpp_python-0.3.36/vendor/llama.cpp/models/")
+_LCPP_SHA = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # the sdist, checked before it is read
 VOCAB_FILES = {
     "llama-spm": ("ggml-vocab-llama-spm.gguf",
                   "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69"),
@@ -317,7 +318,7 @@ def load_vocab_tokenizer(key: str, cache_dir: Path):
     with cache_lock(saved):
         if not _verified(saved, saved / _MARKER):
             pkg, ver, prefix = _LCPP
-            gguf = assemble([Member(pkg, ver, prefix + fname, "sdist")],
+            gguf = assemble([Member(pkg, ver, prefix + fname, "sdist", _LCPP_SHA)],
                             Path(cache_dir) / "vocab" / fname, sha, cache_dir)
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             tmp = temp_dir_beside(saved)
