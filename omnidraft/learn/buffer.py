@@ -85,7 +85,9 @@ def make_example(seq: int, ctx: list[int], drafts: list[int], spans: Sequence[Sp
     top = dm_all.argmax(-1)
     col = torch.searchsorted(cols, top).clamp(max=len(cols) - 1)
     dm_top = torch.where(cols[col] == top, col, -1).tolist()
-    return Example(seq, list(ctx), list(drafts), dm_pos, logp.to(torch.float16).cpu(), dm_top, ngrams, head_spans)
+    # kept where the target computed it (no per-step copy of the mapped-vocabulary rows to the host on a
+    # GPU); checkpoints move it to the CPU when they save it
+    return Example(seq, list(ctx), list(drafts), dm_pos, logp.to(torch.float16), dm_top, ngrams, head_spans)
 
 
 def batches(buffer: list[Example], batch_size: int, rng: random.Random) -> list[list[int]]:
