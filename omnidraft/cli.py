@@ -69,6 +69,7 @@ def _check_added_keys(overrides: list[str], compose, config_name: str) -> None:
         OmniDraftError: naming the key, the closest schema keys and the fix.
     """
     import difflib
+    from pathlib import Path
 
     from omegaconf import OmegaConf
 
@@ -81,6 +82,8 @@ def _check_added_keys(overrides: list[str], compose, config_name: str) -> None:
     cfg = compose(config_name, overrides=rest)
     for o in added:
         key = o.split("=", 1)[0].lstrip("+")
+        if (Path(CONF_DIR) / key.replace(".", "/").split("@")[0]).is_dir():
+            continue  # `+group=option` appends a config group (`+bench_suite=...`)
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
         if not OmegaConf.is_dict(parent) or leaf in parent:

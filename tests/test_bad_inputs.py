@@ -233,3 +233,18 @@ def test_a_learning_rate_that_diverges_skips_the_update_and_never_writes_a_non_f
     tensors = load_file(str(run / "state" / "tensors.safetensors"))
     assert all(torch.isfinite(v).all() for v in tensors.values() if v.is_floating_point())
     assert json.loads((run / "summary.json").read_text())["status"] == "ok"
+
+
+def test_adding_a_config_group_or_into_an_open_mapping_stays_allowed():
+    from hydra import compose, initialize_config_dir
+
+    from omnidraft.cli import _check_added_keys
+    from omnidraft.config import CONF_DIR, register_configs
+    from omnidraft.errors import OmniDraftError
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        _check_added_keys(["+bench_suite=adaptive"], compose, "bench")  # a group append
+        _check_added_keys(["+bench.variants.x={method:pld}", "+method.drafter.capacity=8"], compose, "bench")
+        with pytest.raises(OmniDraftError, match="did you mean bench.limit"):
+            _check_added_keys(["+bench.limt=3"], compose, "bench")
