@@ -108,6 +108,8 @@ def _check_run_dir(argv: list[str]) -> None:
     for a in argv:
         if not a.startswith(key):
             continue
+        if "${" in a:
+            continue  # an interpolation Hydra resolves (${now:...}): checked by Hydra when it creates it
         path = Path(a[len(key):])
         try:
             path.mkdir(parents=True, exist_ok=True)
