@@ -153,6 +153,10 @@ def fingerprint(cfg: DictConfig) -> dict[str, Any]:
     out = {k: v for k, v in c.items() if k not in _RESUME_FREE}
     if isinstance(out.get("replay"), dict):
         out["replay"] = {k: v for k, v in out["replay"].items() if k != "rows_cache"}
+    for role in ("target", "drafter"):  # the archives' checksums: where the weights came from, not what runs
+        gguf = (out.get(role) or {}).get("gguf") if isinstance(out.get(role), dict) else None
+        if isinstance(gguf, dict):
+            gguf.pop("artifact_sha256", None)
     return out
 
 

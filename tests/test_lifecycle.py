@@ -66,3 +66,15 @@ def test_resume_refusal_names_the_first_differing_key_and_ignores_free_ones(tmp_
 def test_checkpoints_every_n_items_and_after_the_last(tmp_path):
     ctx = RunContext(_cfg(tmp_path), [])
     assert [i for i in range(5) if ctx.checkpoint_due(i, 5)] == [1, 3, 4]
+
+
+def test_archive_checksums_do_not_change_a_cells_identity():
+    from omegaconf import OmegaConf
+
+    from omnidraft.lifecycle import fingerprint
+
+    base = {"target": {"name": "t", "gguf": {"sha256": "a" * 64}}, "drafter": None, "seed": 0}
+    pinned = {**base, "target": {"name": "t", "gguf": {"sha256": "a" * 64, "artifact_sha256": ["b" * 64]}}}
+    assert fingerprint(OmegaConf.create(base)) == fingerprint(OmegaConf.create(pinned))
+    other = {**base, "target": {"name": "t", "gguf": {"sha256": "c" * 64}}}
+    assert fingerprint(OmegaConf.create(base)) != fingerprint(OmegaConf.create(other))
