@@ -157,8 +157,11 @@ def test_resume_refuses_a_different_config_and_a_missing_state(tmp_path):
 
     from omnidraft.errors import OmniDraftError
 
-    with pytest.raises(OmniDraftError, match="no online state"):
-        run(_cfg(tmp_path / "none", *_STREAM, "resume=true"))
+    with pytest.raises(OmniDraftError, match="no online state"):  # a state_dir named but absent
+        run(_cfg(tmp_path / "none", *_STREAM, "resume=true", f"state_dir={tmp_path / 'absent'}"))
+    with pytest.warns(UserWarning, match="no checkpoint yet"):  # killed before its first checkpoint
+        s = run(_cfg(tmp_path / "early", *_STREAM, "resume=true"))
+    assert s["status"] == "ok"
     run(_cfg(tmp_path / "a", *_STREAM))
     with pytest.raises(OmniDraftError, match="method.adapt.lam"):
         run(_cfg(tmp_path / "a", *_STREAM, "resume=true", "method.adapt.lam=0.5"))
