@@ -50,10 +50,11 @@ LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
 def portable_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config with machine-specific paths made portable for the record.
 
-    Paths under the working directory become relative, the home directory becomes ``~``.
+    Paths under the working directory become relative, the home directory becomes ``~``, wherever
+    they occur (``run_dir``, ``paths.*``, ``replay.rows_cache``, ``drafter.init_state`` ...).
 
     Args:
-        cfg: the run's config (``run_dir`` and ``paths.cache_dir`` are made portable).
+        cfg: the run's config.
 
     Returns:
         The resolved config as plain containers.
@@ -68,9 +69,14 @@ def portable_config(cfg: DictConfig) -> dict[str, Any]:
             return os.path.relpath(p, cwd)
         return "~" + p[len(home):] if p.startswith(home + os.sep) else p
 
-    c["run_dir"] = fix(c.get("run_dir"))
-    c["paths"]["cache_dir"] = fix(c["paths"]["cache_dir"])
-    return c
+    def walk(node):  # every path-like string (run_dir, paths.*, replay.rows_cache, init_state ...)
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return fix(node)
+
+    return walk(c)
 
 
 def to_plain(node) -> dict | None:
