@@ -62,7 +62,7 @@ def save(path: str | Path, state: SavedState) -> None:
                 f.write(json.dumps(r, default=str) + "\n")
         (new / META).write_text(json.dumps(state.meta, indent=1, default=str))
     except Exception as e:  # a full disk, a file-size limit, permissions: the last good checkpoint stays
-        if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":  # safetensors' I/O error type
+        if not _io_error(e):
             raise
         shutil.rmtree(new, ignore_errors=True)
         kept = (f"the previous checkpoint in {path} is intact: free disk space and rerun with resume=true"
@@ -106,15 +106,17 @@ def load(path: str | Path) -> SavedState:
                 if line.strip():
                     part = f"{ROWS} line {n}"
                     rows.append(json.loads(line))
-    except (OSError, ValueError, UnicodeDecodeError, RuntimeError) as e:  # safetensors: SafetensorError
+    except Exception as e:
+        if not _io_error(e):
+            raise
         raise OmniDraftError(f"the online state in {path} is damaged ({part}: {type(e).__name__}: "
                              f"{_first_line(e)}); restore it from a copy, or start a new run_dir / drop init_state") from None
-    except Exception as e:  # safetensors raises its own error type for a truncated file
-        if type(e).__name__ != "SafetensorError":
-            raise
-        raise OmniDraftError(f"the online state in {path} is damaged ({part}: {_first_line(e)}); restore it "
-                             "from a copy, or start a new run_dir / drop init_state") from None
     return SavedState(meta, tensors, rows)
+
+
+def _io_error(e: BaseException) -> bool:
+    """A read or write that failed on the file (OS, decoding, or safetensors' own error type), not a bug."""
+    return isinstance(e, (OSError, ValueError)) or type(e).__name__ == "SafetensorError"
 
 
 def read_meta(path: Path) -> dict[str, Any]:

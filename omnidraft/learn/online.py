@@ -240,7 +240,7 @@ class OnlineLearner:
                         continue
                     if out["loss"].requires_grad:
                         out["loss"].backward()
-                        if not all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None):
+                        if not _all_finite([p.grad for p in params if p.grad is not None]):
                             skipped += 1
                             self.opt.zero_grad(set_to_none=True)
                             if head is not None:
@@ -258,7 +258,7 @@ class OnlineLearner:
                                    ("loss_ngram", "adapt/loss_ngram")):
                         stats[key] += float(out[k].detach())
                     n += 1
-            if not all(bool(torch.isfinite(p).all()) for p in params):  # e.g. a learning rate far too large
+            if not _all_finite(params):  # e.g. a learning rate far too large
                 reverted = True
                 with torch.no_grad():
                     for p, good in zip(params, last_good):
@@ -354,3 +354,9 @@ def _buffer_of(tensors: dict[str, torch.Tensor], meta: dict) -> list[Example]:
     """The unflushed examples of a saved learner state (none when it holds none)."""
     return [Example(**{**b, "ngrams": [tuple(x) for x in b["ngrams"]], "head": [tuple(x) for x in b.get("head", [])]},
                     dm_logp=tensors[f"buffer.{j}.dm_logp"]) for j, b in enumerate(meta.get("buffer", []))]
+
+
+def _all_finite(tensors) -> bool:
+    """Whether every element of every tensor is finite: one host sync for all of them."""
+    flags = [torch.isfinite(t).all() for t in tensors]
+    return bool(torch.stack(flags).all()) if flags else True
