@@ -204,7 +204,10 @@ def trace_identity(cfg: DictConfig) -> dict[str, Any]:
         t["path_sha256"] = file_sha256(Path(str(task["path"])))
     t["templates"] = task_templates(cfg.task)
     t["seed"] = int(cfg.seed) if task.get("shuffle") else None  # the seed orders a shuffled stream only
-    return {"target": {k: target.get(k) for k in _TARGET_KEYS},
+    tgt = {k: target.get(k) for k in _TARGET_KEYS}
+    if isinstance(tgt.get("gguf"), dict):  # the archives' checksums say where the weights came from, not what runs
+        tgt["gguf"] = {k: v for k, v in tgt["gguf"].items() if k != "artifact_sha256"}
+    return {"target": tgt,
             "max_new_tokens": int(cfg.decode.max_new_tokens), "temperature": 0.0, "task": t}
 
 

@@ -78,3 +78,21 @@ def test_archive_checksums_do_not_change_a_cells_identity():
     assert fingerprint(OmegaConf.create(base)) == fingerprint(OmegaConf.create(pinned))
     other = {**base, "target": {"name": "t", "gguf": {"sha256": "c" * 64}}}
     assert fingerprint(OmegaConf.create(base)) != fingerprint(OmegaConf.create(other))
+
+
+def test_archive_checksums_do_not_change_a_traces_identity(tmp_path):
+    """A trace taken before the model wheels were pinned continues under the pinned config."""
+    from conftest import compose_run
+
+    from omnidraft.lifecycle import resolve_dtypes
+    from omnidraft.trace import trace_identity
+
+    def ident(*over):
+        cfg = compose_run(tmp_path, "r", ["task=gsm8k"], *over)
+        resolve_dtypes(cfg)
+        return trace_identity(cfg)
+
+    pinned = ident()
+    assert len(OmegaConf.to_container(compose_run(tmp_path, "r", [])).get("target")["gguf"]["artifact_sha256"]) > 0
+    assert pinned == ident("target.gguf.artifact_sha256=[]")
+    assert pinned != ident("target.gguf.sha256=" + "0" * 64)
