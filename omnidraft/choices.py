@@ -33,7 +33,7 @@ POSITIONS = ("drafted", "rejected")
 TRAIN_DTYPES = ("float32", "bfloat16", "float16")
 
 # method.draft_length.*
-LENGTH_POLICIES = ("fixed", "heuristic", "head", "cost")
+LENGTH_POLICIES = ("fixed", "heuristic", "head", "cost", "confidence")
 HEAD_MODES = ("joint", "interleaved")
 HEAD_LABELS = ("verify", "t1")
 

@@ -188,7 +188,9 @@ class DraftLengthConfig:
     """How many tokens to draft per step, see omnidraft.learn.draft_length."""
 
     # fixed (method.k) | heuristic (+2 / -1 schedule) | head (acceptance head) | cost (calibrated latencies)
+    # | confidence (stop after a drafted token whose drafter probability < min_prob)
     policy: str = one_of(choices.LENGTH_POLICIES, default="fixed")
+    min_prob: float = in_range(0, 1, default=0.4)  # policy=confidence (transformers' assistant_confidence_threshold)
     # stop when 1 - prod P(accept) > gamma; null = task.head_gamma
     gamma: Optional[float] = in_range(0, 1, default=None, open_ends=True)
     head_learn: bool = True  # false: serve the head frozen (e.g. the one in drafter.init_state)

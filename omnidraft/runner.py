@@ -569,12 +569,16 @@ class Session:
         """``drafter``'s draft-length policy and, for policy=head, its acceptance-head learner (the
         head of ``init``, this target's parts in drafter.init_state, where it holds one)."""
         from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
-        from omnidraft.learn.draft_length import CostK, FixedK, HeadPolicy, HeuristicK
+        from omnidraft.learn.draft_length import ConfidenceK, CostK, FixedK, HeadPolicy, HeuristicK
 
         dl, m = self.cfg.method.draft_length, self.cfg.method
         if dl.policy == "cost":  # from this machine's latencies (the calibration replay reads too)
             cal = machine_calibration(self.cfg, True, "method.draft_length.policy=cost chooses draft lengths from")
             policy = CostK(cal.target_s, cal.drafter_s, k_max=dl.k_max)
+            use_length_policy(drafter, policy)
+            return policy, None
+        if dl.policy == "confidence":
+            policy = ConfidenceK(dl.min_prob, k_min=dl.k_min)
             use_length_policy(drafter, policy)
             return policy, None
         if dl.policy in ("fixed", "heuristic"):

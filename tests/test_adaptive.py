@@ -13,7 +13,7 @@ from omnidraft.core.decode import generate
 from omnidraft.core.feedback import Proposal, StepFeedback
 from omnidraft.drafting.model_drafters import NgramDrafter
 from omnidraft.learn.acceptance_head import AcceptanceHead, HeadLearner
-from omnidraft.learn.draft_length import HeadPolicy, HeuristicK
+from omnidraft.learn.draft_length import ConfidenceK, HeadPolicy, HeuristicK
 from omnidraft.learn.observers import step_observers, use_length_policy
 
 
@@ -42,6 +42,24 @@ def test_stop_rule_stops_where_the_product_crosses_gamma():
     assert length(ps, 0.49) == 3
     assert length(ps, 0.05) == 1
     assert length(ps, 0.05, k_min=2) == 2
+
+
+def test_confidence_stops_after_the_first_unsure_token_and_keeps_it():
+    def length(ps, min_prob, k_min=1):
+        pol = ConfidenceK(min_prob, k_min=k_min)
+        pol.begin()
+        for n, p in enumerate(ps, 1):
+            if not pol.keep_going(None, p):
+                return n
+        return len(ps)
+
+    ps = [0.9, 0.6, 0.3, 0.95, 0.2]
+    assert length(ps, 0.4) == 3  # 0.3 < 0.4: the third token is proposed, drafting stops
+    assert length(ps, 0.65) == 2
+    assert length(ps, 0.1) == 5
+    assert length(ps, 0.65, k_min=3) == 3
+    with pytest.raises(ValueError, match="min_prob"):
+        ConfidenceK(1.5)
 
 
 def test_heuristic_schedule():
@@ -89,7 +107,7 @@ def test_weighted_bce_predicts_low_by_design_and_debiasing_recovers_the_rate():
     assert cal["head/pred_accept_debiased"] == pytest.approx(0.7, abs=0.02)
 
 
-@pytest.mark.parametrize("policy", ["head", "heuristic"])
+@pytest.mark.parametrize("policy", ["head", "heuristic", "confidence"])
 def test_lossless_whatever_lengths_the_policy_picks(pair_llama2_qwen, policy):
     target, ttok, drafter, dtok, bridge = pair_llama2_qwen
     d = NgramDrafter(drafter, dtok, bridge, target.config.vocab_size, {ttok.eos_token_id})
@@ -99,7 +117,7 @@ def test_lossless_whatever_lengths_the_policy_picks(pair_llama2_qwen, policy):
         use_length_policy(d, HeadPolicy(learner.head, gamma=0.6, k_max=8))
         obs = step_observers(d, policy=d.policy, head=learner)
     else:
-        use_length_policy(d, HeuristicK(k_start=2, k_max=8))
+        use_length_policy(d, HeuristicK(k_start=2, k_max=8) if policy == "heuristic" else ConfidenceK(0.3))
         obs = step_observers(d, policy=d.policy)
     for text in PROMPTS[:6]:
         ids = ttok.encode(text)

@@ -177,3 +177,44 @@ def test_cross_vocab_ngram_drafter_with_prompt_lookup_first_is_lossless(request,
     assert any(len(d.ngram) for d in made)  # the cache builder ran
     # model_k caps the LM's drafts (an n-gram drafter merges them into <= 3 proposals), not the lookup's
     assert by_source["model"][2] <= 3 < by_source["lookup"][2]
+
+
+@pytest.mark.parametrize("pair", ["same_vocab", "pair_llama2_qwen"])
+def test_confidence_stop_with_prompt_lookup_is_lossless(request, pair):
+    """policy=confidence (stop after an unsure drafter token) with the lookup consulted first: greedy
+    output is the target's on 20 prompts, and the LM's draft lengths vary below the budget."""
+    from omnidraft.drafting.direct_map import build_bridge
+    from omnidraft.drafting.model_drafters import NgramDrafter
+    from omnidraft.learn.draft_length import ConfidenceK
+    from omnidraft.learn.observers import step_observers, use_length_policy
+
+    made = []
+    if pair == "same_vocab":
+        target, ttok = request.getfixturevalue("qwen_tiny")
+        drafter = aligned_drafter(target, build_bridge(ttok, ttok), target.config.vocab_size, noise=0.3)
+
+        def make():
+            made.append(SameVocabDrafter(drafter, eos_of(ttok), lookup_min_match=2, model_k=5))
+            use_length_policy(made[-1], ConfidenceK(0.5))
+            return made[-1]
+    else:
+        target, ttok, drafter, dtok, bridge = request.getfixturevalue(pair)
+        v_t = target.get_output_embeddings().weight.shape[0]
+
+        def make():
+            made.append(NgramDrafter(drafter, dtok, bridge, v_t, eos_of(ttok), lookup_min_match=2, model_k=5))
+            use_length_policy(made[-1], ConfidenceK(0.3))
+            return made[-1]
+
+    lengths = []
+
+    class Lengths:
+        def start(self, prompt_ids):
+            pass
+
+        def observe(self, fb):
+            if fb.proposal.source == "model":
+                lengths.append(len(fb.proposal.drafts))
+
+    _lookup_check(target, ttok, make, 8, observers=lambda d: [*step_observers(d, policy=d.policy), Lengths()])
+    assert min(lengths) < 5 and len(set(lengths)) > 1, sorted(set(lengths))

@@ -50,6 +50,7 @@ class FixedLength:
     offers the drafter (:mod:`omnidraft.learn.draft_length` adds the observing side)."""
 
     needs_hidden = False
+    needs_prob = False  # keep_going wants each drafted token's drafter probability
 
     def max_len(self, budget: int) -> int:
         return budget
@@ -62,7 +63,9 @@ class FixedLength:
     def begin(self) -> None:
         pass
 
-    def keep_going(self, hidden) -> bool:
+    def keep_going(self, hidden, prob: float | None = None) -> bool:
+        """After each drafted token: its last-layer hidden state (``needs_hidden``) and its drafter
+        probability (``needs_prob``; at the sampling temperature, greedy: at T=1)."""
         return True
 
 
@@ -71,7 +74,7 @@ class _ModelDrafter:
 
     Attributes set by the session (what the observers need recorded):
         policy: the draft-length policy consulted while drafting (``max_len``, ``begin``,
-            ``keep_going(hidden)``); fixed k by default.
+            ``keep_going(hidden, prob)``); fixed k by default.
         record_hidden: record the last-layer hidden state of every drafted token (acceptance head).
         token_probs: None, or 'verify' / 't1': record each drafted token's probability at the
             verification temperature / at T=1 (acceptance-head labels; nothing at greedy 'verify').
@@ -209,8 +212,11 @@ class _ModelDrafter:
                 qs.append(qd)
             if tok_p is not None:
                 tok_p.append(float(qd[d]) if label_t == temperature else float(torch.softmax(logits, -1)[d]))
+            p_d = None
+            if self.policy.needs_prob:
+                p_d = float(qd[d]) if temperature > 0 else float(torch.softmax(logits, -1)[d])
             drafts.append(d)
-            if self._to_target(d) in self.target_eos or not self.policy.keep_going(h):
+            if self._to_target(d) in self.target_eos or not self.policy.keep_going(h, p_d):
                 break
             feed = [d]
         self._stable = len(self.ids)

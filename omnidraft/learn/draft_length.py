@@ -6,6 +6,8 @@
 - :class:`HeadPolicy`: SpecDec++: the acceptance head (:mod:`omnidraft.learn.acceptance_head`)
   predicts P(accept_i | all before accepted) on the drafter's hidden state; drafting stops after
   the token at which 1 - prod_j P_j exceeds gamma (that token is kept), within k_min..k_max.
+- :class:`ConfidenceK`: stop after a drafted token the drafter itself is unsure of (its probability
+  below a threshold), as transformers' assisted generation does.
 - :class:`CostK`: the draft length (0 included: a plain target step) with the most expected tokens
   per second under this machine's calibrated forward latencies, from acceptance counted online per
   draft source (drafter LM, prompt lookup).
@@ -87,13 +89,35 @@ class HeadPolicy(FixedK):
         self.preds = []
 
     @torch.no_grad()
-    def keep_going(self, hidden: torch.Tensor | None) -> bool:
+    def keep_going(self, hidden: torch.Tensor | None, prob: float | None = None) -> bool:
         p = float(torch.sigmoid(self.head(hidden.reshape(1, -1)))[0])
         self.preds.append(p)
         prod = 1.0
         for x in self.preds:
             prod *= x
         return not (len(self.preds) >= self.k_min and 1.0 - prod > self.gamma)
+
+
+class ConfidenceK(FixedK):
+    """Stop after a drafted token whose drafter probability is below ``min_prob`` (that token is
+    kept), within k_min..the step's budget: transformers' ``assistant_confidence_threshold`` rule.
+    Free: the drafter's own distribution, no head, no calibration. Cross-vocabulary it acts on
+    drafter tokens, like :class:`HeadPolicy`."""
+
+    needs_prob = True
+
+    def __init__(self, min_prob: float = 0.4, k_min: int = 1):
+        if not 0.0 <= float(min_prob) <= 1.0:
+            raise ValueError(f"min_prob must be in [0, 1], got {min_prob}")
+        self.min_prob, self.k_min = float(min_prob), int(k_min)
+        self.n = 0
+
+    def begin(self) -> None:
+        self.n = 0
+
+    def keep_going(self, hidden: torch.Tensor | None, prob: float | None = None) -> bool:
+        self.n += 1
+        return self.n < self.k_min or prob is None or prob >= self.min_prob
 
 
 class CostK(FixedK):
