@@ -88,6 +88,22 @@ def test_omnidraft_method_adapts_online_and_stays_lossless(tmp_path):
     assert [("adapt/loss" in r) for r in rows] == [False, True, False, True]
 
 
+def test_omnidraft_pl_cuts_the_lm_draft_at_its_confidence(tmp_path):
+    """method=omnidraft_pl wires policy=confidence: the LM drafts fewer tokens per model step than
+    under the fixed length, and the output stays the target's."""
+    over = ("method=omnidraft_pl", "task.limit=3", "decode.max_new_tokens=16", "method.adapt.enabled=false")
+    conf = run(_cfg(tmp_path / "c", *over, "method.draft_length.min_prob=0.9"))
+    fixed = run(_cfg(tmp_path / "f", *over, "method.draft_length.policy=fixed"))
+    assert conf["lossless/match_rate"] == 1.0 == fixed["lossless/match_rate"]
+
+    def lm_tokens_per_lm_step(d):
+        rows = [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        lm_steps = sum(r["sd/steps"] - r.get("draft/lookup_steps", 0) for r in rows)
+        return sum(r["draft/mean_len"] * r["sd/steps"] for r in rows) / max(1, lm_steps)
+
+    assert lm_tokens_per_lm_step("c") < lm_tokens_per_lm_step("f")
+
+
 def test_adapt_with_a_drafter_that_cannot_learn_is_refused(tmp_path):
     import pytest
 

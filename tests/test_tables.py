@@ -125,6 +125,21 @@ def test_bench_summary_is_summarise_over_the_same_rows():
     assert a["time/adapt_s"] == 0.0 and isinstance(a["time/adapt_s"], float)
 
 
+def test_bench_counts_certified_divergences_and_says_when_none_were_certified():
+    ar = _generation([1, 2, 3, 4], [(0, 0, 1)] * 4, wall=2.0)
+
+    def row(i, tokens, cert=None):
+        r = tables.bench_row("sd", "t", str(i), i, _generation(tokens, [(3, 2, 3), (1, 0, 1)], wall=1.0), ar,
+                             forward_s=None, rss_gib=1.0, update={})
+        return {**r, **(cert or {})}
+
+    tie = {"lossless/near_tie": True, "lossless/gap_batched": 0.0}
+    rows = [row(0, [1, 2, 3, 4]), row(1, [1, 2, 9, 9], tie), row(2, [1, 9, 9, 9], {"lossless/near_tie": False})]
+    assert tables.bench_summary(rows)["lossless/unexplained"] == 1
+    assert tables.bench_summary(rows[:2])["lossless/unexplained"] == 0
+    assert tables.bench_summary([row(1, [1, 2, 9, 9])])["lossless/unexplained"] is None  # an older, uncertified bench
+
+
 def test_tables_command_writes_the_table(tmp_path, monkeypatch, capsys):
     from omnidraft import cli
 
