@@ -34,7 +34,7 @@ def main(run: Path) -> None:
     cfg.overrides = json.loads((run / "provenance.json").read_text())["overrides"]  # what the bench was run with
     base = _base_overrides(cfg)
     resolve_dtypes(cfg)
-    target = load_model(to_plain(cfg.target), Path(cfg.paths.cache_dir))
+    target = load_model(to_plain(cfg.target), Path(cfg.paths.cache_dir).expanduser())
     done_file = run / "certification.json"  # run again as the bench goes on: certified rows are kept
     out = json.loads(done_file.read_text())["rows"] if done_file.exists() else []
     seen = {(o["method"], o["prompt/index"]) for o in out}
@@ -44,7 +44,7 @@ def main(run: Path) -> None:
         c = method_config("ar", task, cfg, base)
         ref = Session(c, target=target)
         tpl = task_templates(c.task)
-        for rec in load_stream(to_plain(c.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed)):
+        for rec in load_stream(to_plain(c.task), Path(cfg.paths.cache_dir).expanduser(), seed=int(cfg.seed)):
             prompts[(task, rec.id)] = (ref, ref.prompt_ids(render(rec, 0, tpl)))
     ar_of = {}
     for r in bad:

@@ -154,3 +154,22 @@ def test_an_sdist_is_fetched_as_a_file_never_built(tmp_path, monkeypatch):
     assert out.read_bytes() == b"vocab bytes"
     with pytest.raises(OmniDraftError, match="checksum mismatch"):  # a pin the index's file does not match
         download_artifact("fake-pkg", "1.0", "sdist", tmp_path / "cache2", "0" * 64)
+
+
+def test_a_cache_dir_with_a_tilde_is_the_home_directorys(tmp_path, monkeypatch):
+    """A run's portable config.yaml keeps paths.cache_dir as '~/...': loading from it must not make
+    a literal './~' directory."""
+    from conftest import compose_run
+
+    from omnidraft.data.models import load_model
+    from omnidraft.data.tasks import load_stream
+    from omnidraft.lifecycle import to_plain
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    cfg = compose_run(tmp_path, "r", ["debug=tiny"])
+    load_model(to_plain(cfg.target), "~/cache")
+    load_stream(to_plain(cfg.task), "~/cache")
+    assert not (cwd / "~").exists() and (home / "cache").is_dir()

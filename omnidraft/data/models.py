@@ -140,6 +140,7 @@ def load_model(spec: Mapping[str, Any], cache_dir: Path) -> LoadedModel:
         cache_dir: root of the download / conversion cache.
     """
     t0 = time.perf_counter()
+    cache_dir = Path(cache_dir).expanduser()  # a portable config.yaml keeps '~' (never a literal './~' directory)
     device = torch.device(resolve_device(spec.get("device", "cpu"), f"{spec.get('name', 'model')}.device"))
     dtype = parse_dtype(spec.get("dtype", "auto"), device)
     source = spec["source"]

@@ -317,6 +317,7 @@ def load_stream(cfg: Mapping[str, Any], cache_dir: Path, seed: int = 0) -> list[
     first component, then the second's (a distribution shift at a known prompt).
     """
     name = cfg["name"]
+    cache_dir = Path(cache_dir).expanduser()
     kw = dict(path=cfg.get("path"), split=cfg.get("split"), on_bad_record=cfg.get("on_bad_record") or "fail")
     source = cfg.get("source") or "auto"
     if name in ("mix", "switch"):
