@@ -16,13 +16,11 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from omnidraft.bench import _base_overrides, method_config
-from omnidraft.config import register_configs, task_templates
+from omnidraft.bench import _base_overrides, bench_prompts
+from omnidraft.config import register_configs
 from omnidraft.core.certify import certify
 from omnidraft.data.models import load_model
-from omnidraft.data.tasks import load_stream, render
 from omnidraft.lifecycle import resolve_dtypes, to_plain
-from omnidraft.runner import Session
 
 
 def main(run: Path) -> None:
@@ -39,16 +37,10 @@ def main(run: Path) -> None:
     out = json.loads(done_file.read_text())["rows"] if done_file.exists() else []
     seen = {(o["method"], o["prompt/index"]) for o in out}
     bad = [r for r in bad if (r["method"], r["prompt/index"]) not in seen]
-    prompts = {}
-    for task in dict.fromkeys(r["task"] for r in bad):
-        c = method_config("ar", task, cfg, base)
-        ref = Session(c, target=target)
-        tpl = task_templates(c.task)
-        for rec in load_stream(to_plain(c.task), Path(cfg.paths.cache_dir).expanduser(), seed=int(cfg.seed)):
-            prompts[(task, rec.id)] = (ref, ref.prompt_ids(render(rec, 0, tpl)))
+    prompts = {(task, rid): (ids, ref) for task, rid, ids, ref in bench_prompts(cfg, base, target)} if bad else {}
     ar_of = {}
     for r in bad:
-        ref, ids = prompts[(r["task"], r["prompt/id"])]
+        ids, ref = prompts[(r["task"], r["prompt/id"])]
         if r["prompt/id"] not in ar_of:
             ar_of[r["prompt/id"]] = ref.generate(ids, seed=0, max_new_tokens=int(cfg.decode.max_new_tokens)).tokens
         ar = ar_of[r["prompt/id"]]

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, ListConfig
 from tqdm.auto import tqdm
 
 from omnidraft.config import CONF_DIR, check_stream_only
-from omnidraft.core.certify import certify
+from omnidraft.core.certify import certify, first_divergence
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import RunContext, check_resume, command_overrides, fingerprint, resolve_dtypes, write_json
 from omnidraft.profiling import ForwardTimer, peak_rss_gib, rss_gib
@@ -157,10 +157,27 @@ def own_memory_gib(sess, shared) -> float:
     return total / 2**30
 
 
-def run_bench(cfg: DictConfig) -> dict[str, Any]:
-    from omnidraft import state as state_io
+def bench_prompts(cfg: DictConfig, base: list[str], target) -> list[tuple[str, str, list[int], Any]]:
+    """The bench's prompts in order, as ``(task, record id, target ids, session)``: each task's stream
+    (``bench.limit``, ``bench.task_overrides``) rendered by an ``ar`` session on ``target``, which is
+    returned too (it decodes ``ar`` again for :file:`experiments/certify_bench.py`)."""
     from omnidraft.config import task_templates
     from omnidraft.data.tasks import load_stream, render
+    from omnidraft.lifecycle import to_plain
+    from omnidraft.runner import Session
+
+    out = []
+    for task in cfg.bench.tasks:
+        c = method_config("ar", task, cfg, base)
+        ref = Session(c, target=target)
+        templates = task_templates(c.task)
+        for r in load_stream(to_plain(c.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed)):
+            out.append((task, r.id, ref.prompt_ids(render(r, 0, templates)), ref))
+    return out
+
+
+def run_bench(cfg: DictConfig) -> dict[str, Any]:
+    from omnidraft import state as state_io
     from omnidraft.lifecycle import to_plain
     from omnidraft.runner import Session, uses_draft_model
 
@@ -193,16 +210,10 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                 shared[key] = load_model(to_plain(c.drafter), Path(cfg.paths.cache_dir))
             draft = shared[key]
         sessions[m] = Session(c, target=target, draft=draft)
-    prompts: list[tuple[str, str, list[int]]] = []  # (task, record id, target ids)
-    for task in b.tasks:
-        c = method_config("ar", task, cfg, base)
-        ref = Session(c, target=target)
-        templates = task_templates(c.task)
-        for r in load_stream(to_plain(c.task), Path(cfg.paths.cache_dir), seed=int(cfg.seed)):
-            ids = ref.prompt_ids(render(r, 0, templates))
-            for sess in sessions.values():  # the drafters' contexts too
-                sess.check_context(r.id, len(ids))
-            prompts.append((task, r.id, ids))
+    prompts = [(task, rid, ids) for task, rid, ids, _ in bench_prompts(cfg, base, target)]
+    for _, rid, ids in prompts:
+        for sess in sessions.values():  # the drafters' contexts too
+            sess.check_context(rid, len(ids))
     n_new = int(cfg.decode.max_new_tokens)
     greedy = float(cfg.method.temperature) <= 0
 
@@ -281,12 +292,16 @@ def run_bench(cfg: DictConfig) -> dict[str, Any]:
                 outs[m] = (res, fwd, rss_gib())
                 bar.update(1)
             ar = outs["ar"][0]
+            certified: dict[int, dict] = {}  # by first differing position: methods often part from ar at the same one
             for m in methods:
                 res, fwd, rss = outs[m]
                 upd = sessions[m].after_prompt(i)
                 row = bench_row(m, task, rid, i, res, ar, forward_s=fwd, rss_gib=rss, update=upd)
-                if greedy and res.tokens != ar.tokens:  # a low-precision near-tie, or a bug? (outside the timings)
-                    row.update(certify(target.model, ids, res.tokens, ar.tokens) or {})
+                at = first_divergence(res.tokens, ar.tokens) if greedy else None
+                if at is not None:  # a low-precision near-tie, or a bug? (outside the timings)
+                    if at not in certified:
+                        certified[at] = certify(target.model, ids, res.tokens, ar.tokens) or {}
+                    row.update(certified[at])
                 rows[m].append(row)
                 log.log(row, step=i, sink_prefix=f"{m}/")
             if ctx.checkpoint_due(i, len(prompts)):

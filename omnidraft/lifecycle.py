@@ -159,11 +159,19 @@ def fingerprint(cfg: DictConfig) -> dict[str, Any]:
     out = {k: v for k, v in c.items() if k not in _RESUME_FREE}
     if isinstance(out.get("replay"), dict):
         out["replay"] = {k: v for k, v in out["replay"].items() if k != "rows_cache"}
-    for role in ("target", "drafter"):  # the archives' checksums: where the weights came from, not what runs
-        gguf = (out.get(role) or {}).get("gguf") if isinstance(out.get(role), dict) else None
-        if isinstance(gguf, dict):
-            gguf.pop("artifact_sha256", None)
+    for role in ("target", "drafter"):
+        if isinstance(out.get(role), dict):
+            out[role] = without_archive_pins(out[role])
     return out
+
+
+def without_archive_pins(model: dict[str, Any]) -> dict[str, Any]:
+    """A model config node less its archives' checksums (``gguf.artifact_sha256``): they say where
+    the weights came from, not what runs, so pinning them changes no cell's or trace's identity."""
+    gguf = model.get("gguf")
+    if not isinstance(gguf, dict) or "artifact_sha256" not in gguf:
+        return model
+    return {**model, "gguf": {k: v for k, v in gguf.items() if k != "artifact_sha256"}}
 
 
 def cell_key(cfg: DictConfig) -> str:

@@ -51,7 +51,15 @@ from omnidraft.data.models import load_model, sliding_window
 from omnidraft.data.tasks import Record, format_prompt, load_stream, render
 from omnidraft.drafting.direct_map import tokenizer_hash
 from omnidraft.errors import OmniDraftError
-from omnidraft.lifecycle import RunContext, command_overrides, overrides_in, resolve_dtypes, to_plain, write_json
+from omnidraft.lifecycle import (
+    RunContext,
+    command_overrides,
+    overrides_in,
+    resolve_dtypes,
+    to_plain,
+    without_archive_pins,
+    write_json,
+)
 
 FORMAT = 1
 META_FILE = "meta.json"
@@ -204,10 +212,7 @@ def trace_identity(cfg: DictConfig) -> dict[str, Any]:
         t["path_sha256"] = file_sha256(Path(str(task["path"])))
     t["templates"] = task_templates(cfg.task)
     t["seed"] = int(cfg.seed) if task.get("shuffle") else None  # the seed orders a shuffled stream only
-    tgt = {k: target.get(k) for k in _TARGET_KEYS}
-    if isinstance(tgt.get("gguf"), dict):  # the archives' checksums say where the weights came from, not what runs
-        tgt["gguf"] = {k: v for k, v in tgt["gguf"].items() if k != "artifact_sha256"}
-    return {"target": tgt,
+    return {"target": without_archive_pins({k: target.get(k) for k in _TARGET_KEYS}),
             "max_new_tokens": int(cfg.decode.max_new_tokens), "temperature": 0.0, "task": t}
 
 
