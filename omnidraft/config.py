@@ -321,6 +321,9 @@ class ReplayConfig:
     trace: Optional[str] = None  # null: the trace directory omnidraft trace writes for this target and task
     # null: <paths.results_dir>/calibration/<target>-<drafter>/<this machine>_<dtype>_<threads>t.json
     calibration: Optional[str] = None
+    # null: model speed in the run's target dtype; else the dtype whose calibration times the target
+    # (e.g. bfloat16 where the bench runs it so, while the trace, and so acceptance, stays float32)
+    speed_target_dtype: Optional[str] = None
     # the target rows learners need: batched (two forwards per prompt; live's rows up to float
     # rounding) | stepwise (live verification's own forwards replayed: bit-identical, as slow)
     rows: str = one_of(choices.REPLAY_ROWS, default="batched")
@@ -374,7 +377,9 @@ class Config:
     metrics_window: int = in_range(1, default=50)  # prompts in accept/rate_first_window and _last_window
     overrides: List[str] = field(default_factory=list)  # filled by the CLI for provenance
     resume: bool = False  # continue the stream from run_dir/state (or state_dir)
-    checkpoint_every: int = in_range(0, default=10)  # save the online state every N prompts (and at the end); 0 = end only
+    # save the online state every N prompts (and at the end); 0 = end only. Every prompt by default: the
+    # weights are written only when an update changed them (omnidraft.state), the rest is small
+    checkpoint_every: int = in_range(0, default=1)
     state_dir: Optional[str] = None  # default: <run_dir>/state
     ngram_reference_size: int = 512  # unbounded cache size the evict_* ablations take fractions of
 

@@ -12,6 +12,7 @@ This module opens what a replay reads and checks it against the run: :func:`open
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from omnidraft.calibrate import (
     Calibration,
@@ -242,7 +243,8 @@ def open_replay(cfg: DictConfig, tokenizer, records: Sequence[Record], first_pro
     cal = None
     if cfg.method.name != "ar":
         cal = machine_calibration(cfg, uses_drafter_model, "engine=replay models speed from")
-        info.update({"replay/calibration": str(cal.path), "replay/calibration_machine": cal.machine})
+        info.update({"replay/calibration": str(cal.path), "replay/calibration_machine": cal.machine,
+                     "replay/speed_target_dtype": cal.target.dtype})
     return Replay(trajectories, cal, info, dict(trace.identity["target"]))
 
 
@@ -260,6 +262,11 @@ def machine_calibration(cfg: DictConfig, uses_drafter_model: bool, who: str) -> 
     """
     threads = torch.get_num_threads()
     device = str(cfg.target.device)
+    speed_dtype = cfg.get("replay", {}).get("speed_target_dtype")
+    if speed_dtype and speed_dtype != cfg.target.dtype:  # time the target as if it ran in that dtype
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            cfg.target.dtype = str(speed_dtype)
     cal_path = Path(cfg.replay.calibration) if cfg.replay.calibration else \
         calibration_path(cfg, machine_slug(device, cpu_name(), cpu_flags()), threads)
     drafter = str(cfg.drafter.name) if cfg.drafter is not None else "none"

@@ -690,7 +690,8 @@ class Session:
             meta["hf"] = self.hf.state_dict()  # transformers' heuristic draft length (uag_k5)
         others = dict(self._carried)
         others.update({key: (p.name, self._parked_state(p)) for key, p in self.parts.items() if key != self._active})
-        return state_io.with_targets(state_io.SavedState(meta, tensors, rows), others)
+        version = self.learner.weights_version if self.learner is not None else None
+        return state_io.with_targets(state_io.SavedState(meta, tensors, rows, version), others)
 
     def _parked_state(self, p: TargetParts) -> state_io.SavedState:
         """A target's parts while another's are in use, in the state's top-level layout."""

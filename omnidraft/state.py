@@ -3,11 +3,19 @@
 Layout of a state directory (written atomically: a complete new directory replaces the old one)::
 
     state/
-      meta.json          stream position, config fingerprint, drafter + learner metadata, segments
-      tensors.safetensors  master weights (param.*), AdamW moments (opt.*), unflushed buffer (buffer.*)
-      rows.jsonl         the per-prompt rows logged so far (the summary is recomputed from them)
+      meta.json            stream position, config fingerprint, drafter + learner metadata, segments
+      weights.safetensors  the learner's master weights (param.*) and AdamW moments (opt.*)
+      tensors.safetensors  every other tensor (unflushed buffer (buffer.*), acceptance head, other
+                           targets' parts)
+      rows.jsonl           the per-prompt rows logged so far (the summary is recomputed from them)
 
 No pickle anywhere: tensors go through safetensors, everything else is JSON.
+
+The weights change only at an online update, yet a checkpoint follows every prompt: a state that
+says which weights it holds (:attr:`SavedState.weights_version`) hard-links the previous
+checkpoint's ``weights.safetensors`` when that file holds the same version, so a checkpoint between
+updates writes only the small parts. (States from before the split keep everything in
+``tensors.safetensors``; :func:`load` reads both layouts.)
 
 One drafter serves many targets. What it keeps PER TARGET, keyed by the target's tokenizer hash, are
 its *parts*: the n-gram cache (``meta["drafter"]``), the acceptance head (``head.*``, ``head_opt.*``,
@@ -33,14 +41,51 @@ import torch
 
 from omnidraft.errors import OmniDraftError
 
-META, TENSORS, ROWS = "meta.json", "tensors.safetensors", "rows.jsonl"
+META, TENSORS, ROWS, WEIGHTS = "meta.json", "tensors.safetensors", "rows.jsonl", "weights.safetensors"
+_WEIGHT_PREFIXES = ("param.", "opt.")  # the learner's weights and moments at the top level (not head_opt.)
 
 
 @dataclass
 class SavedState:
+    """A checkpoint's contents.
+
+    Attributes:
+        weights_version: None, or a name for the top-level ``param.*`` / ``opt.*`` tensors that
+            changes whenever they do (the learner's, :meth:`omnidraft.runner.Session.state`): a
+            checkpoint holding the same version reuses the file instead of writing it again.
+    """
+
     meta: dict[str, Any]
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    weights_version: str | None = None
+
+
+def _weights_version_of(f: Path) -> str | None:
+    """The version a ``weights.safetensors`` was written with (its header), None if unreadable."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(f), framework="pt") as g:
+            return (g.metadata() or {}).get("version")
+    except Exception:  # a cut or missing file: write it again
+        return None
+
+
+def _write_weights(new: Path, old: Path | None, weights: dict[str, torch.Tensor], version: str | None) -> None:
+    """``weights`` into ``new``: a hard link to ``old`` (the previous checkpoint's file, holding the
+    same version) when given, else written with ``version`` in its header."""
+    from safetensors.torch import save_file
+
+    if old is not None:
+        try:
+            os.link(old, new)
+            return
+        except OSError:  # a filesystem without hard links: copy
+            shutil.copyfile(old, new)
+            return
+    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(new),
+              metadata={"version": version} if version is not None else None)
 
 
 def save(path: str | Path, state: SavedState) -> None:
@@ -48,7 +93,11 @@ def save(path: str | Path, state: SavedState) -> None:
     from safetensors.torch import save_file
 
     path = Path(path)
-    bad = [k for k, v in state.tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    weights = {k: v for k, v in state.tensors.items() if k.startswith(_WEIGHT_PREFIXES)}
+    reuse = bool(weights) and state.weights_version is not None and \
+        _weights_version_of(path / WEIGHTS) == state.weights_version  # checked when it was written
+    bad = [k for k, v in state.tensors.items()
+           if v.is_floating_point() and not (reuse and k in weights) and not bool(torch.isfinite(v).all())]
     if bad:  # the learners skip non-finite updates; a state that still holds one is never written
         raise OmniDraftError(f"refusing to checkpoint a non-finite online state ({len(bad)} tensor(s), e.g. "
                              f"{bad[0]}); the previous checkpoint in {path} is kept: lower method.adapt.lr and resume")
@@ -56,7 +105,10 @@ def save(path: str | Path, state: SavedState) -> None:
     shutil.rmtree(new, ignore_errors=True)
     try:
         new.mkdir(parents=True)
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.tensors.items()}, str(new / TENSORS))
+        if weights:
+            _write_weights(new / WEIGHTS, path / WEIGHTS if reuse else None, weights, state.weights_version)
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.tensors.items() if k not in weights},
+                  str(new / TENSORS))
         with open(new / ROWS, "w", encoding="utf-8") as f:
             for r in state.rows:
                 f.write(json.dumps(r, default=str) + "\n")
@@ -99,6 +151,9 @@ def load(path: str | Path) -> SavedState:
     part = TENSORS
     try:
         tensors = load_file(str(path / TENSORS)) if (path / TENSORS).is_file() else {}
+        part = WEIGHTS
+        if (path / WEIGHTS).is_file():
+            tensors.update(load_file(str(path / WEIGHTS)))
         part = ROWS
         rows = []
         if (path / ROWS).is_file():
@@ -222,7 +277,7 @@ def with_targets(st: SavedState, parts: dict[str, tuple[str | None, SavedState]]
         tensors.update({f"{TARGETS}.{key}.{k}": v for k, v in part.tensors.items()})
     if section:
         meta[TARGETS] = section
-    return SavedState(meta, tensors, st.rows)
+    return SavedState(meta, tensors, st.rows, st.weights_version)
 
 
 def load_weights(model, tensors: dict[str, torch.Tensor]) -> int:

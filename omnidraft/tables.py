@@ -34,6 +34,9 @@ key                          meaning
 ``sd/stop``                  ``eos`` or ``length``
 ``sd/step_proposed``         per step: target tokens proposed (the draft length)
 ``sd/step_accepted``         per step: accepted
+``sd/step_lookup``           per step, where any step was: 1 if prompt lookup proposed it, 0 if the
+                             drafter LM did (summary: ``draft/<lookup|model>_accept_rate`` and
+                             ``draft/<lookup|model>_tokens_per_step``, emitted tokens per step)
 ``sd/forward_s``             bench: seconds inside model forwards (None when not profiled)
 ``accept/rate``              the row's ``sd/accepted / sd/proposed``
 ``accept/mean_len``          the row's ``sd/new_tokens / sd/steps``
@@ -123,6 +126,8 @@ def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, A
         "sd/step_proposed": [st.proposed for st in sd.steps],
         "sd/step_accepted": [st.accepted for st in sd.steps],
     }
+    if any(st.source == "lookup" for st in sd.steps):  # which steps prompt lookup proposed
+        row["sd/step_lookup"] = [int(st.source == "lookup") for st in sd.steps]
     if ar is not None:
         row.update({
             "ar/new_tokens": ar.n_new, "ar/wall_s": ar.wall_s, "ar/steps": len(ar.steps),
@@ -133,6 +138,25 @@ def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, A
             "lossless/first_mismatch": _first_mismatch(sd.tokens, ar.tokens),
         })
     return row
+
+
+def _by_source(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Acceptance and emitted tokens per step of the steps prompt lookup proposed and of those the
+    drafter LM did (rows with ``sd/step_lookup``); steps that proposed nothing count for neither."""
+    acc = {"lookup": [0, 0, 0], "model": [0, 0, 0]}  # proposed, accepted, steps
+    for r in rows:
+        for p, a, lk in zip(r["sd/step_proposed"], r["sd/step_accepted"], r["sd/step_lookup"]):
+            if p:
+                c = acc["lookup" if lk else "model"]
+                c[0] += p
+                c[1] += a
+                c[2] += 1
+    out: dict[str, float] = {}
+    for src, (p, a, n) in acc.items():
+        if n:
+            out[f"draft/{src}_accept_rate"] = a / p
+            out[f"draft/{src}_tokens_per_step"] = (a + n) / n
+    return out
 
 
 def drafter_row(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:
@@ -312,6 +336,7 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
     lr = [r for r in rows if "draft/lookup_steps" in r]
     if lr:
         s["draft/lookup_step_share"] = _ratio(total(lr, "draft/lookup_steps"), total(lr, "sd/steps"))
+    s.update(_by_source([r for r in rows if "sd/step_lookup" in r]))
     hr = [r for r in rows if "head/pred_accept" in r]
     if hr:
         n = total(hr, "head/n")

@@ -53,7 +53,7 @@ def _omnidraft(args: list[str], cwd: Path, run_dir: Path | None, preexec=None) -
 def _digest(d: Path) -> dict[str, str]:
     return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(d.rglob("*")) if p.is_file() and p.name in ("metrics.jsonl", "meta.json", "rows.jsonl",
-                                                                         "tensors.safetensors")}
+                                                                         "tensors.safetensors", "weights.safetensors")}
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +91,18 @@ def _tensors_cut(state: Path) -> None:
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 
 
+def _weights_cut(state: Path) -> None:
+    f = state / "weights.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
 def _rows_garbage(state: Path) -> None:
     with open(state / "rows.jsonl", "a") as f:
         f.write("garbage\n")
 
 
 DAMAGE = {"meta_garbage": _meta_garbage, "meta_empty": _meta_empty, "tensors_cut": _tensors_cut,
+          "weights_cut": _weights_cut,
           "rows_garbage": _rows_garbage}
 
 # (case id, overrides, words the error line must contain). {files} is the fixture's directory.
@@ -191,7 +197,8 @@ def test_a_damaged_state_ends_in_one_line_and_keeps_the_rows(tmp_path, ref_run, 
 
 def test_a_full_disk_at_the_first_checkpoint_keeps_the_rows_and_leaves_no_half_state(tmp_path):
     run = tmp_path / "run"
-    proc = _omnidraft([], tmp_path, run, preexec=_fsize_limit(4_000_000))  # the tiny state is ~25 MB
+    # the tiny state is ~25 MB; one checkpoint, at the end (the default is one after every prompt)
+    proc = _omnidraft(["checkpoint_every=0"], tmp_path, run, preexec=_fsize_limit(4_000_000))
     _one_line(proc, ["could not write the online state", "no earlier checkpoint"])
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2  # both prompts' rows kept
     summary = json.loads((run / "summary.json").read_text())
@@ -223,14 +230,15 @@ def test_a_full_disk_at_a_later_checkpoint_keeps_the_previous_one(tmp_path):
 
 
 def test_a_learning_rate_that_diverges_skips_the_update_and_never_writes_a_non_finite_state(tmp_path):
-    from safetensors.torch import load_file
+    from omnidraft import state as state_io
 
     run = tmp_path / "run"
     proc = _omnidraft(["method.adapt.lr=1e308", "method.adapt.interval=1", "task.limit=3"], tmp_path, run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("adapt/reverted") for r in rows] == [1, 1, 1]  # every update diverged and was undone
-    tensors = load_file(str(run / "state" / "tensors.safetensors"))
+    tensors = state_io.load(run / "state").tensors
+    assert any(k.startswith("param.") for k in tensors)
     assert all(torch.isfinite(v).all() for v in tensors.values() if v.is_floating_point())
     assert json.loads((run / "summary.json").read_text())["status"] == "ok"
 

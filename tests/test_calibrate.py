@@ -229,3 +229,23 @@ def test_cli_writes_the_default_layout_and_refuses_in_one_line(tmp_path):
     one_error_line(_cli(["debug=tiny", "calibrate.tokens_per_forward=[1,-2]"], tmp_path),
                    "calibrate.tokens_per_forward", "bad: -2")
     one_error_line(_cli(["debug=tiny", "calibrate.repeats=0"], tmp_path), "calibrate.repeats=0")
+
+
+def test_replay_can_time_the_target_in_another_dtype_than_its_trace(calibrated, tmp_path):
+    """replay.speed_target_dtype: acceptance from a float32 trace, speed from a bfloat16 calibration
+    (what the bench runs); the calibration must then be of that dtype."""
+    from omnidraft.replay import machine_calibration
+
+    obj = json.loads((calibrated[0] / "cal.json").read_text())
+    obj["models"]["target"]["dtype"] = "bfloat16"
+    bf16 = tmp_path / "bf16.json"
+    bf16.write_text(json.dumps(obj))
+    cfg = _cfg(tmp_path, f"replay.calibration={bf16}")
+    with pytest.raises(OmniDraftError, match="timed the target in bfloat16, this run's target runs float32"):
+        machine_calibration(cfg, True, "engine=replay models speed from")
+    cfg.replay.speed_target_dtype = "bfloat16"
+    assert machine_calibration(cfg, True, "engine=replay models speed from").target.dtype == "bfloat16"
+    assert cfg.target.dtype == "float32"  # the run itself is untouched
+    cfg.replay.calibration = str(calibrated[0] / "cal.json")  # a float32 one no longer fits
+    with pytest.raises(OmniDraftError, match="timed the target in float32, this run's target runs bfloat16"):
+        machine_calibration(cfg, True, "engine=replay models speed from")

@@ -144,6 +144,7 @@ def _lookup_check(target, ttok, make_drafter, k, observers=lambda d: ()):
             by_source[src][1] += m
             by_source[src][2] = max(by_source[src][2], m)
         assert d.stats()["draft/lookup_steps"] == sum(s == "lookup" for s, _, _ in seen)
+        assert [st.source for st in sd.steps] == [s for s, _, _ in seen]  # the step records say which source
     for src, (acc, prop, _) in by_source.items():
         assert 0 < acc < prop, (src, acc, prop)
     return by_source

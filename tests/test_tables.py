@@ -114,6 +114,20 @@ def test_bench_rows_of_every_age_read_alike():
     assert a["time/adapt_s"] == 0.3 and a["time/steps"] == 2 and a["new_tokens"] == 4
 
 
+def test_summary_splits_acceptance_by_draft_source():
+    steps = [(3, 3, 4), (4, 1, 2), (0, 0, 1), (5, 0, 1)]
+    sd = GenerationResult(tokens=list(range(8)), wall_s=1.0, steps=[
+        StepRecord(p, a, e, 0.01, 0.1, source=src) for (p, a, e), src in zip(steps, ["lookup", "model", "model", "lookup"])])
+    row = tables.prompt_row(sd, None)
+    assert row["sd/step_lookup"] == [1, 0, 0, 1]
+    s = tables.summarise([row], True)
+    assert s["draft/lookup_accept_rate"] == pytest.approx(3 / 8) and s["draft/lookup_tokens_per_step"] == 2.5
+    # the step that proposed nothing counts for neither source
+    assert s["draft/model_accept_rate"] == pytest.approx(1 / 4) and s["draft/model_tokens_per_step"] == 2.0
+    plain = tables.prompt_row(_generation(list(range(4)), [(3, 1, 2), (2, 2, 3)], wall=1.0), None)
+    assert "sd/step_lookup" not in plain and "draft/model_accept_rate" not in tables.summarise([plain], True)
+
+
 def test_bench_summary_is_summarise_over_the_same_rows():
     ar = _generation([1, 2, 3, 4], [(0, 0, 1)] * 4, wall=2.0)
     rows = [tables.bench_row("pld", "t", str(i), i, _generation([1, 2, 3, 4], [(3, i, i + 1)] * 2, wall=1.0 + i),

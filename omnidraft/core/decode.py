@@ -51,8 +51,9 @@ class Drafter(Protocol):
 
 @dataclass
 class StepRecord:
-    """One step: target proposals, accepted, emitted tokens, drafting and verification seconds, and
-    the drafter's forwards (tokens each fed; whether they returned hidden states)."""
+    """One step: target proposals, accepted, emitted tokens, drafting and verification seconds, the
+    drafter's forwards (tokens each fed; whether they returned hidden states) and where the
+    proposals came from (:attr:`omnidraft.core.feedback.Proposal.source`)."""
 
     proposed: int
     accepted: int
@@ -61,6 +62,7 @@ class StepRecord:
     target_s: float
     draft_feeds: tuple[int, ...] = ()
     draft_hidden: bool = False
+    source: str = "model"
 
 
 @dataclass
@@ -168,7 +170,7 @@ def generate(target, prompt_ids: list[int], *, drafter: Drafter | None = None, k
                     o.observe(fb)
         t3 = clock()
         res.steps.append(StepRecord(len(prop.ids), n, len(new), (t1 - t0) + (t3 - t2), t2 - t1,
-                                    prop.feeds, prop.fed_hidden))
+                                    prop.feeds, prop.fed_hidden, prop.source))
         if stop_at is not None:
             res.stop = "eos"
             break

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import random
+import uuid
 from dataclasses import asdict
 
 import torch
@@ -116,6 +117,10 @@ class OnlineLearner:
         self.tree = tree and kv.tree_mask_ok(self.train_model)
         self.n_updates = 0
         self._seq = 0
+        # which master weights + moments these are (omnidraft.state.SavedState.weights_version): a
+        # checkpoint between two updates reuses the file the last one wrote
+        self._weights_nonce = uuid.uuid4().hex[:12]
+        self._weights_gen = 0
         self.head = None  # an acceptance_head.HeadLearner trained jointly: L_distill + L_head in one update
 
     def use_bridge(self, bridge: VocabBridge) -> None:
@@ -275,6 +280,7 @@ class OnlineLearner:
             self._sync_weights()
             self.buffer.clear()
         self.n_updates += 1
+        self._weights_gen += 1
         out = {k: v / max(1, n) for k, v in stats.items()} | {"adapt/n_examples": n_examples, "adapt/n_batches": n}
         if skipped or reverted:
             import warnings
@@ -289,6 +295,11 @@ class OnlineLearner:
         return out
 
     # -- state -----------------------------------------------------------------------------
+    @property
+    def weights_version(self) -> str:
+        """Changes whenever the master weights or their AdamW moments may have (an update, a load)."""
+        return f"{self._weights_nonce}:{self._weights_gen}"
+
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """(tensors for safetensors, JSON-able metadata): master weights by parameter name,
         AdamW state, the unflushed buffer, RNG state and counters."""
@@ -305,6 +316,7 @@ class OnlineLearner:
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict, weights_only: bool = False) -> None:
         """Restore :meth:`state_dict`. ``weights_only``: the weights, not the optimiser/buffer/RNG
         (a drafter adapted on one stream starting another)."""
+        self._weights_gen += 1
         missing = [n for n in self.names if f"param.{n}" not in tensors]
         if missing:
             raise ValueError(f"saved state lacks {len(missing)} trainable parameter(s) of this drafter, "
@@ -332,6 +344,7 @@ class OnlineLearner:
         pieces start fresh: no tensors, the adapters as initialised; no moments, none; no
         examples, an empty buffer. With LoRA the served drafter gets the adapters merged."""
         tensors, meta = tensors or {}, meta or {}
+        self._weights_gen += 1
         if self.lora:
             given = [k for k in tensors if k.startswith("param.")]
             missing = [n for n in self.names if f"param.{n}" not in tensors]
