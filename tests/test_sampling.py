@@ -99,3 +99,43 @@ def test_greedy_verify_prefix_correction_and_bonus():
     assert greedy_verify(logits, [3, 5, 7]) == (3, 9)  # all accepted + bonus
     assert greedy_verify(logits, [3, 4, 7]) == (1, 5)  # correction at the first mismatch
     assert greedy_verify(logits[:1], []) == (0, 3)  # plain decoding step
+
+
+def test_inverse_cdf_draws_the_distribution_and_never_a_zero_probability_token():
+    from omnidraft.core.verify import inverse_cdf
+
+    dist = torch.tensor([0.0, 0.40, 0.0, 0.25, 0.15, 0.10, 0.06, 0.04, 0.0])
+    g = torch.Generator().manual_seed(3)
+    counts = torch.zeros(len(dist))
+    for u in torch.rand(N, generator=g):
+        counts[inverse_cdf(dist, u)] += 1
+    assert _tv(counts, dist) < 0.02
+    assert counts[dist == 0].sum() == 0
+    assert inverse_cdf(dist, torch.tensor(0.0)) == 1  # u = 0 lands on the first token with mass
+    assert inverse_cdf(dist, torch.tensor(1.0 - 1e-12)) == 7  # and u -> 1 on the last
+
+
+def test_sample_index_is_multinomial_where_the_generator_shares_the_device():
+    """A CPU run draws exactly what torch.multinomial draws (the inverse CDF is for a model on
+    another device than the run's generator)."""
+    from omnidraft.core.verify import sample_index
+
+    a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert [sample_index(P, a) for _ in range(50)] == [int(torch.multinomial(P, 1, generator=b)) for _ in range(50)]
+
+
+def test_sd_sampling_matches_target_when_the_generator_lives_elsewhere(monkeypatch):
+    """sample_verify with the cross-device draw (the inverse CDF at the generator's uniforms), as a
+    model on CUDA with the run's CPU generator gets it: still the target's distribution."""
+    from omnidraft.core import verify
+    from omnidraft.core.verify import inverse_cdf
+
+    monkeypatch.setattr(verify, "sample_index", lambda dist, g: inverse_cdf(dist, torch.rand(1, generator=g)))
+    m = 3
+    p_rows, q_rows = P.repeat(m + 1, 1), Q.repeat(m, 1)
+
+    def draw(g):
+        return torch.multinomial(Q, m, replacement=True, generator=g), q_rows
+
+    counts = _first_token_hist(p_rows, draw, verify.sample_verify, len(P))
+    assert _tv(counts, P) < 0.02

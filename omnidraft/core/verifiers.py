@@ -53,7 +53,9 @@ class LiveVerifier:
         if temperature <= 0:
             n, nxt = greedy_verify(logits, proposal.ids)
         else:
-            n, nxt = sample_verify(probs(logits, temperature).cpu(), proposal.q,
+            # on the target's device: the drafter's q is there already (a lookup's one-hot may not be)
+            q = proposal.q.to(logits.device) if proposal.q is not None else None  # None: nothing proposed
+            n, nxt = sample_verify(probs(logits, temperature), q,
                                    torch.tensor(proposal.ids, dtype=torch.long), generator)
         kv.crop_to(self.cache, kv.cache_len(self.cache) - (m - n))
         return Verdict(n, nxt, logits)

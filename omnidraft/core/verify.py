@@ -34,6 +34,30 @@ def greedy_verify(target_logits: torch.Tensor, proposal: list[int]) -> tuple[int
     return n, top[n]
 
 
+def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> int:
+    """The index whose cumulative-probability interval [c_{i-1}, c_i) holds ``u * total``: a draw
+    from ``dist`` (V,) for a uniform ``u`` in [0, 1) (one element, on ``dist``'s device). Zero-
+    probability entries are never drawn: the search runs over the entries with mass only, so rounding
+    at either end (u * total reaching the total) lands on the last of them. One int leaves the device."""
+    nz = torch.nonzero(dist > 0).squeeze(1)
+    c = dist[nz].double().cumsum(0)
+    i = torch.searchsorted(c, (u.double() * c[-1]).reshape(1), right=True).clamp(max=nz.numel() - 1)
+    return int(nz[i])
+
+
+def sample_index(dist: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One draw from ``dist`` (V,) with ``generator``.
+
+    Where the generator lives on ``dist``'s device (a CPU run), ``torch.multinomial``. Where it does
+    not (a model on CUDA, the run's seeded generator on the CPU), :func:`inverse_cdf` at one uniform
+    from the generator: the full-vocabulary row never crosses to the host, one uniform goes over and
+    one int comes back.
+    """
+    if generator is None or generator.device == dist.device:
+        return int(torch.multinomial(dist, 1, generator=generator))
+    return inverse_cdf(dist, torch.rand(1, generator=generator, device=generator.device).to(dist.device))
+
+
 def sample_verify(p: torch.Tensor, q: torch.Tensor, proposal: torch.Tensor,
                   generator: torch.Generator | None = None) -> tuple[int, int]:
     """Standard speculative sampling (Leviathan et al.; Chen et al.): lossless in distribution.
@@ -43,16 +67,19 @@ def sample_verify(p: torch.Tensor, q: torch.Tensor, proposal: torch.Tensor,
 
     Args:
         p: (m+1, V) target probabilities.
-        q: (m, V) drafter probabilities in the same (target) vocabulary; q_i(x_i) > 0.
+        q: (m, V) drafter probabilities in the same (target) vocabulary, on ``p``'s device; q_i(x_i) > 0.
         proposal: (m,) ids drawn from q.
-        generator: explicit randomness.
+        generator: explicit randomness (it may live on another device than ``p``: the m uniforms
+            go over, the acceptance count and the token come back; nothing of size V moves).
     """
     m = proposal.numel()
     if m:
-        idx = torch.arange(m)
-        ratio = p[idx, proposal] / q[idx, proposal]
-        u = torch.rand(m, generator=generator)
-        ok = (u < ratio).to(torch.int32)
+        dev = p.device
+        idx = torch.arange(m, device=dev)
+        prop = proposal.to(dev)
+        ratio = p[idx, prop] / q[idx, prop]
+        u = torch.rand(m, generator=generator, device=generator.device if generator is not None else dev)
+        ok = (u.to(dev) < ratio).to(torch.int32)
         n = int(ok.cumprod(0).sum())
     else:
         n = 0
@@ -62,8 +89,7 @@ def sample_verify(p: torch.Tensor, q: torch.Tensor, proposal: torch.Tensor,
         dist = residual / s if s > 0 else p[n]
     else:
         dist = p[m]
-    nxt = int(torch.multinomial(dist, 1, generator=generator))
-    return n, nxt
+    return n, sample_index(dist, generator)
 
 
 def lift_to_target(q_draft: torch.Tensor, map_ids: torch.Tensor, map_tgt: torch.Tensor,
@@ -77,5 +103,5 @@ def lift_to_target(q_draft: torch.Tensor, map_ids: torch.Tensor, map_tgt: torch.
     Returns:
         (V_t,) probabilities of the target token a drafter sample maps to.
     """
-    q_t = torch.zeros(target_vocab_size, dtype=q_draft.dtype)
-    return q_t.index_add_(0, map_tgt, q_draft[map_ids])
+    q_t = torch.zeros(target_vocab_size, dtype=q_draft.dtype, device=q_draft.device)
+    return q_t.index_add_(0, map_tgt.to(q_draft.device), q_draft[map_ids.to(q_draft.device)])

@@ -30,7 +30,7 @@ import torch
 from omnidraft.choices import VERIFY_RULES
 from omnidraft.core import kv
 from omnidraft.core.feedback import Proposal, Span, TextSync
-from omnidraft.core.verify import lift_to_target, probs
+from omnidraft.core.verify import lift_to_target, probs, sample_index
 from omnidraft.drafting.direct_map import Retokenizer, VocabBridge
 from omnidraft.drafting.ngram_cache import NgramCache
 from omnidraft.drafting.prompt_lookup import ContextLookup, one_hot
@@ -173,7 +173,8 @@ class _ModelDrafter:
             if ids:
                 self.lookup_steps += 1
                 self.lookup_tokens += len(ids)
-                return Proposal(ids, one_hot(ids, self.v_t) if temperature > 0 else None, source="lookup")
+                return Proposal(ids, one_hot(ids, self.v_t, self.model.device) if temperature > 0 else None,
+                                source="lookup")
         return self._propose(k, temperature, generator)
 
     @torch.no_grad()
@@ -207,8 +208,8 @@ class _ModelDrafter:
             if temperature <= 0:
                 d = int(logits.argmax())
             else:
-                qd = probs(logits, temperature).cpu()
-                d = int(torch.multinomial(qd, 1, generator=generator))
+                qd = probs(logits, temperature)  # stays on the drafter's device
+                d = sample_index(qd, generator)
                 qs.append(qd)
             if tok_p is not None:
                 tok_p.append(float(qd[d]) if label_t == temperature else float(torch.softmax(logits, -1)[d]))
@@ -295,8 +296,8 @@ class DirectMapDrafter(_ModelDrafter):
         self.v_t = int(target_vocab_size)
         self.lookbehind = int(sync_lookbehind)
         self.retok = Retokenizer(tokenizer, bridge.draft_bytes, bridge.draft_bytes_to_id)
-        self._map_ids = torch.nonzero(bridge.draft_mask).squeeze(1)
-        self._map_tgt = bridge.d2t[self._map_ids]
+        self._map_ids = torch.nonzero(bridge.draft_mask).squeeze(1).to(model.device)
+        self._map_tgt = bridge.d2t[self._map_ids.cpu()].to(model.device)
 
     def _start(self, prompt_ids: list[int]) -> None:
         # The drafter reads the same text as the target (chat markers included), in its own tokens.

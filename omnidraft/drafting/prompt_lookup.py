@@ -117,9 +117,9 @@ class PromptLookupDrafter:
             self.drafted_total, self.hits = saved
 
 
-def one_hot(ids: list[int], v: int) -> torch.Tensor:
-    """(len(ids), v) the distribution of a deterministic proposal: standard speculative sampling
-    with it is exact."""
-    q = torch.zeros(len(ids), v)
-    q[torch.arange(len(ids)), torch.tensor(ids)] = 1.0
+def one_hot(ids: list[int], v: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(len(ids), v) the distribution of a deterministic proposal, made on ``device``: standard
+    speculative sampling with it is exact."""
+    q = torch.zeros(len(ids), v, device=device)
+    q[torch.arange(len(ids), device=device), torch.tensor(ids, device=device)] = 1.0
     return q
