@@ -262,7 +262,7 @@ def machine_calibration(cfg: DictConfig, uses_drafter_model: bool, who: str) -> 
     """
     threads = torch.get_num_threads()
     device = str(cfg.target.device)
-    speed_dtype = cfg.get("replay", {}).get("speed_target_dtype")
+    speed_dtype = cfg.replay.get("speed_target_dtype")
     if speed_dtype and speed_dtype != cfg.target.dtype:  # time the target as if it ran in that dtype
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):

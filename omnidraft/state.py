@@ -63,12 +63,12 @@ class SavedState:
 
 def _weights_version_of(f: Path) -> str | None:
     """The version a ``weights.safetensors`` was written with (its header), None if unreadable."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(f), framework="pt") as g:
             return (g.metadata() or {}).get("version")
-    except Exception:  # a cut or missing file: write it again
+    except (SafetensorError, OSError):  # a cut or missing file: write it again
         return None
 
 

@@ -37,12 +37,11 @@ def greedy_verify(target_logits: torch.Tensor, proposal: list[int]) -> tuple[int
 def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> int:
     """The index whose cumulative-probability interval [c_{i-1}, c_i) holds ``u * total``: a draw
     from ``dist`` (V,) for a uniform ``u`` in [0, 1) (one element, on ``dist``'s device). Zero-
-    probability entries are never drawn: the search runs over the entries with mass only, so rounding
-    at either end (u * total reaching the total) lands on the last of them. One int leaves the device."""
-    nz = torch.nonzero(dist > 0).squeeze(1)
-    c = dist[nz].double().cumsum(0)
-    i = torch.searchsorted(c, (u.double() * c[-1]).reshape(1), right=True).clamp(max=nz.numel() - 1)
-    return int(nz[i])
+    probability entries own empty intervals and are never drawn; the point is kept strictly below
+    the total, so rounding at the top cannot land on trailing zeros. One int leaves the device."""
+    c = dist.double().cumsum(0)
+    x = torch.minimum(u.double().reshape(1) * c[-1], torch.nextafter(c[-1:], c.new_zeros(1)))
+    return int(torch.searchsorted(c, x, right=True).clamp(max=dist.numel() - 1))
 
 
 def sample_index(dist: torch.Tensor, generator: torch.Generator | None = None) -> int:
