@@ -99,7 +99,8 @@ class StepFeedback:
     Attributes:
         proposal: the drafter's proposal with its drafting record.
         rows: (m+1, V_t) verification logits (row i: the target's distribution for proposal i), or
-            None when the verifier has none (observers that need them refuse).
+            None when the verifier has none (observers that need them refuse). Rows 0 .. m-1 are
+            what observers may read: under replay a rejected step's bonus row m is not computed.
         n_accepted: accepted proposals.
         emitted: target tokens emitted this step (accepted + correction/bonus, cut at EOS / budget).
         temperature: the verification temperature (0 = greedy).

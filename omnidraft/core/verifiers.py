@@ -136,13 +136,15 @@ class TraceVerifier:
     @torch.no_grad()
     def step_rows(self) -> list[torch.Tensor]:
         """The verification rows of every step of the current generation, as live verification
-        gives them: (m+1, V) per step, row i the target's logits after the pending token and the
-        first i proposals.
+        gives them: row i the target's logits after the pending token and the first i proposals,
+        one per proposal (rows 0 .. m-1, what learners read), plus the bonus row m where every
+        proposal was accepted (it lies on the trajectory); live verification also computes row m
+        of a rejected step, which nothing reads, so the batched rows skip it.
 
         Rows up to the first rejection lie on the trajectory; the rest on the step's drafted branch
-        (the rejected proposal and those after it). Two forwards in all: the prompt's last token and
-        the trajectory after the prefill, then every branch at once with tree attention
-        (:func:`omnidraft.core.kv.forward_branches`).
+        (the rejected proposal and those after it, but the last). Two forwards in all: the prompt's
+        last token and the trajectory after the prefill, then every branch at once with tree
+        attention (:func:`omnidraft.core.kv.forward_branches`).
         """
         if self.target is None:
             raise OmniDraftError("this replay has no target model to compute the rows learning observers need: "
@@ -155,9 +157,11 @@ class TraceVerifier:
         need = max(pos + n for pos, _, n in self.steps) + 1  # trajectory rows: after prompt[-1], out[0], ...
         cache, traj = self._trajectory(need)
         base = len(prompt)  # the cache position of out[0]
-        branches = [(base + pos + n, ids[n:]) for pos, ids, n in self.steps if n < len(ids)]
+        # a rejected step's branch: the rejected proposal and those after it but the last (whose row,
+        # the bonus row after every proposal, no learner reads); none when the last one was rejected
+        branches = [(base + pos + n, ids[n:-1]) for pos, ids, n in self.steps if n < len(ids) - 1]
         logits = iter(kv.forward_branches(model, cache, branches) if branches else [])
-        return [self._rows_of_step(traj, next(logits) if n < len(ids) else None, pos, ids, n)
+        return [self._rows_of_step(traj, next(logits) if n < len(ids) - 1 else None, pos, ids, n)
                 for pos, ids, n in self.steps]
 
     def _trajectory(self, need: int) -> tuple:
@@ -199,7 +203,7 @@ class TraceVerifier:
     def _rows_of_step(traj: torch.Tensor, branch: torch.Tensor | None, pos: int, ids: list[int],
                       n: int) -> torch.Tensor:
         """Step rows: trajectory rows ``pos .. pos + n`` (after the pending token and the accepted
-        proposals), then the branch's (after the rejected proposal and each one after it)."""
+        proposals), then the branch's (after the rejected proposal and each one after it but the last)."""
         rows = traj[pos: pos + n + 1]
         return rows if branch is None else torch.cat([rows, branch])
 
