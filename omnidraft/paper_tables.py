@@ -325,6 +325,7 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
                            f"{_num(st['speedup'], '.2f')}{_ci(st['speedup_ci'], '.2f')}"
                            f"{''.join(tag.get(m, '') for m in st.get('calibration') or [])} | {st['n']} | {seeds} | {paper} |")
         out.append("")
+    out += render_orderings(spec, cells, stats)
     out += render_segments(runs_all if runs_all is not None else cells_runs(cells))
     if failed:
         out += ["## Failed or unfinished runs", ""]
@@ -394,6 +395,84 @@ def render_segments(runs: list[Run]) -> list[str]:
                        f"{'–' if sep is None else ('yes' if sep else 'no')} |")
     out.append("")
     return out
+
+
+def compare_orderings(ours: dict[str, dict[str, Any]], paper: dict[str, float]) -> dict[str, list[tuple[str, str]]]:
+    """Row pairs of one column, ours against the paper, by acceptance.
+
+    Args:
+        ours: row -> cell stats (:func:`cell_stats`: ``acc``, ``acc_ci``).
+        paper: row -> the paper's acceptance, for the rows it reports.
+
+    Returns:
+        Each pair (higher, lower) in the paper's order, under one verdict: ``agree`` (ours in the same
+        order, the 95% intervals separate), ``agree_ci_overlap`` (same order, intervals overlap),
+        ``reversed_ci_overlap`` (the other order or equal, intervals overlap), ``reversed`` (the
+        other order, intervals separate); ``paper_tie`` for pairs the paper reports equal.
+    """
+    out: dict[str, list[tuple[str, str]]] = {k: [] for k in ("agree", "agree_ci_overlap", "reversed_ci_overlap",
+                                                             "reversed", "paper_tie")}
+    rows = [r for r in paper if r in ours and ours[r].get("acc") is not None]
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if paper[a] == paper[b]:
+                out["paper_tie"].append((a, b))
+                continue
+            hi, lo = (a, b) if paper[a] > paper[b] else (b, a)
+            same = ours[hi]["acc"] > ours[lo]["acc"]
+            sep = separated(ours[hi], ours[lo])
+            verdict = ("agree" if sep else "agree_ci_overlap") if same else ("reversed" if sep else "reversed_ci_overlap")
+            out[verdict].append((hi, lo))
+    return out
+
+
+def _ranking(ours: dict[str, dict[str, Any]]) -> str:
+    """Rows best first by acceptance; ``>`` where the 95% intervals of neighbours separate, ``≈`` where
+    they overlap."""
+    order = sorted((r for r in ours if ours[r].get("acc") is not None), key=lambda r: -ours[r]["acc"])
+    text = ""
+    for i, r in enumerate(order):
+        if i:
+            text += " > " if separated(ours[order[i - 1]], ours[r]) else " ≈ "
+        text += f"{LABELS.get(r, r)} ({ours[r]['acc']:.3f})"
+    return text
+
+
+def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str]:
+    """Markdown: per target of ours and column, our rows best first and the paper's order of the same
+    rows, with every pair's verdict (:func:`compare_orderings`), against each paper target."""
+    rows, cols, targets = _order(spec, cells)
+    paper_targets = list(dict.fromkeys(c.get("target") for c in spec["cells"] if "acc" in c))
+    if not paper_targets:
+        return []
+    out = ["## Ordering of the rows by acceptance, ours vs the paper", "",
+           "Ours best first (`>`: the neighbours' 95% intervals separate; `≈`: they overlap). Pairs are the rows both "
+           "report, in the paper's order: agree (same order, intervals separate) / agree, CIs overlap / reversed, "
+           "CIs overlap / reversed (intervals separate).", "",
+           "| target | column | ours | paper (target) | agree | agree, CIs overlap | reversed, CIs overlap | reversed |",
+           "|---|---|---|---|---|---|---|---|"]
+
+    def names(pairs: list[tuple[str, str]]) -> str:
+        return "; ".join(f"{LABELS.get(a, a)} > {LABELS.get(b, b)}" for a, b in pairs) or "–"
+
+    for tgt in targets:
+        for c in cols:
+            ours = {k[1]: stats[k] for k in cells if k[0] == tgt and str(k[2]) == str(c) and stats.get(k)}
+            if len(ours) < 2:
+                continue
+            for pt in paper_targets:
+                paper = {x["row"]: float(x["acc"]) for x in spec["cells"]
+                         if x.get("target") == pt and str(x["col"]) == str(c) and "acc" in x}
+                shared = [r for r in paper if r in ours]
+                if len(shared) < 2:
+                    continue
+                v = compare_orderings(ours, paper)
+                p_order = " > ".join(f"{LABELS.get(r, r)} ({paper[r]:.3g})" for r in sorted(shared, key=lambda r: -paper[r]))
+                out.append(f"| {tgt} | {c} | {_ranking(ours)} | {p_order} ({TARGET_NAMES.get(pt, pt)}) | "
+                           f"{names(v['agree'])} | {names(v['agree_ci_overlap'])} | {names(v['reversed_ci_overlap'])} | "
+                           f"{names(v['reversed'])} |")
+    out.append("")
+    return out if len(out) > 6 else []
 
 
 def cells_runs(cells: dict) -> list[Run]:

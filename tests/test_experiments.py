@@ -158,6 +158,27 @@ def test_pooled_bootstrap_matches_the_point_estimate():
     assert st["seed_independent"] and st["n"] == 10
 
 
+def test_row_orderings_are_compared_with_the_papers_pair_by_pair():
+    """Each pair of rows both report, in the paper's order: same order or not, and whether our 95%
+    intervals separate; the rendered section names them and ranks ours best first."""
+    from omnidraft.paper_tables import Cell, compare_orderings, render_orderings
+
+    ours = {"spd_dm": {"acc": 0.30, "acc_ci": (0.28, 0.32)}, "l_dm": {"acc": 0.40, "acc_ci": (0.37, 0.43)},
+            "hybrid": {"acc": 0.39, "acc_ci": (0.36, 0.42)}, "osd": {"acc": 0.5, "acc_ci": (0.45, 0.55)}}
+    paper = {"spd_dm": 0.1, "l_dm": 0.32, "hybrid": 0.42, "hybrid_lora": 0.37}
+    v = compare_orderings(ours, paper)
+    assert v["agree"] == [("l_dm", "spd_dm"), ("hybrid", "spd_dm")]
+    assert v["reversed_ci_overlap"] == [("hybrid", "l_dm")] and not v["reversed"] and not v["agree_ci_overlap"]
+    assert compare_orderings({"a": {"acc": 0.2, "acc_ci": (0.1, 0.25)}, "b": {"acc": 0.5, "acc_ci": (0.4, 0.6)}},
+                             {"a": 0.3, "b": 0.2})["reversed"] == [("a", "b")]
+    spec = {"cols": "task", "rows": ["spd_dm", "l_dm", "hybrid"],
+            "cells": [{"target": "llama3_8b", "row": r, "col": "gsm8k", "acc": a} for r, a in paper.items()]}
+    cells = {("t", r, "gsm8k"): Cell("t", r, "gsm8k") for r in ours}
+    text = "\n".join(render_orderings(spec, cells, {("t", r, "gsm8k"): st for r, st in ours.items()}))
+    assert "OSD (not in the paper) (0.500) > L_DM (0.400) ≈ L_DM + λ L_Ngram (0.390) > SpD_DM (0.300)" in text
+    assert "| L_DM + λ L_Ngram > L_DM |" in text and "(Llama3-8B)" in text
+
+
 def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_jobs(tmp_path):
     d = tmp_path / "s"
     # the second job fails at run time (a file that does not exist), the others go on
