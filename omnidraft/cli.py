@@ -7,7 +7,9 @@ task's prompts recorded for replay, config ``conf/trace.yaml``, :mod:`omnidraft.
 ``omnidraft calibrate [overrides]`` (this machine's forward latency of target and drafter, which a
 replay's modelled speed reads, config ``conf/calibrate.yaml``, :mod:`omnidraft.calibrate`) and
 ``omnidraft tables {core,adaptive,bench} [--results DIR]``
-(``<results>/<group>/table.md`` from the result files, :mod:`omnidraft.tables`; no config).
+(``<results>/<group>/table.md`` from the result files, :mod:`omnidraft.tables`; no config) and
+``omnidraft plan <sweep overrides> [--out=FILE]`` (what a sweep still has to run and its cost in
+core-hours, from the result files, :mod:`omnidraft.plan`).
 
 Overrides are composed once up front so that a bad key, a bad type or an unknown group option
 fails with one line and exit code 2 before Hydra starts a run. Errors raised while running
@@ -123,11 +125,13 @@ def _check_run_dir(argv: list[str]) -> None:
 _UNCHECKED_DIMS = ("seed",)
 
 
-def sweep_jobs(overrides: list[str], compose, config_name: str = "config") -> list[list[str]]:
+def sweep_jobs(overrides: list[str], compose, config_name: str = "config", every_value: bool = False
+               ) -> list[list[str]]:
     """The override lists of a sweep's jobs, as Hydra's basic sweeper builds them: the config's
     ``hydra.sweeper.params`` (an experiment's sweep) under the command line's overrides (the
     command line wins for a key both set), every ``a=x,y`` / ``range()`` / ``choice()`` expanded into
-    the cartesian product. Dimensions in :data:`_UNCHECKED_DIMS` keep their first value only.
+    the cartesian product. Dimensions in :data:`_UNCHECKED_DIMS` keep their first value only, unless
+    ``every_value`` (the sweep's jobs, not the configs to check).
 
     Args:
         overrides: the command line's overrides (no ``hydra.*`` keys).
@@ -153,7 +157,7 @@ def sweep_jobs(overrides: list[str], compose, config_name: str = "config") -> li
             dims.append([o.input_line])
             continue
         values = list(o.sweep_string_iterator())
-        if key.lstrip("+~") in _UNCHECKED_DIMS:
+        if key.lstrip("+~") in _UNCHECKED_DIMS and not every_value:
             values = values[:1]
         dims.append([f"{key}={v}" for v in values])
     return [list(job) for job in itertools.product(*dims)]
@@ -256,6 +260,53 @@ def _tables(argv: list[str]) -> None:
     print(text)
 
 
+def _plan(argv: list[str]) -> None:
+    """``omnidraft plan <sweep overrides> [--out=FILE]``: every job of the sweep ``omnidraft -m <same
+    overrides>`` would run, its state in the results directory and its cost (:mod:`omnidraft.plan`)."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from omnidraft.config import register_configs
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.plan import Job, classify, estimate, override_dirname, render
+
+    out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
+    overrides = [a for a in argv if not a.startswith("-")]
+    bad = [a for a in argv if a.startswith("-") and not a.startswith("--out=")]
+    if bad:
+        _fail(f"plan: unknown flag {bad[0]}; use: omnidraft plan <sweep overrides> [--out=FILE]")
+    if not any(o.split("=", 1)[0] == "experiment" for o in overrides):
+        _fail("plan: name the sweep, e.g. omnidraft plan experiment=paper/table1 scale=cpu seed=0,1,2")
+    register_configs()
+    jobs = []
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            for job in sweep_jobs(overrides, compose, every_value=True):
+                h = compose("config", overrides=job, return_hydra_config=True)
+                od = h.hydra.job.config.override_dirname
+                run_dir = Path(h.hydra.sweep.dir) / override_dirname(job, list(od.exclude_keys), od.kv_sep, od.item_sep)
+                cfg = compose("config", overrides=[*job, f"run_dir='{run_dir}'"])  # quoted: it holds = and ,
+                frozen = _seed_independent(cfg)
+                row = next((o.split("=", 1)[1] for o in job if o.startswith("row=")), None)
+                j = Job(job, run_dir, row, str(cfg.task.name), trains=not frozen)
+                stands = int(cfg.get("seed", 0)) != 0 and frozen
+                src = None if stands or (run_dir / "summary.json").is_file() else find_shared_cell(cfg, run_dir)[0]
+                jobs.append(classify(j, stands, str(src) if src else None))
+    except (HydraException, OmegaConfBaseException) as e:
+        _fail(_explain(e))
+    except OmniDraftError as e:
+        _fail(_first_line(e))
+    estimate(jobs)
+    text = render(jobs, "omnidraft -m " + " ".join(overrides))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+    print(text)
+
+
 def _metric(summary: dict) -> float | None:
     """The number a sweeper optimises: the speedup, else the acceptance rate (distill: its loss)."""
     return summary.get("speed/speedup", summary.get("speed/modelled_speedup", summary.get(
@@ -285,18 +336,13 @@ def _seed_independent(cfg) -> bool:
     return not (learns or head)
 
 
-def shared_cell(cfg, run_dir) -> dict | None:
-    """A finished run elsewhere under ``<paths.results_dir>/paper/`` with this job's result identity
-    (:func:`omnidraft.lifecycle.cell_key`: the same resolved config and seed; e.g. Table 6's and
-    Table 3's ``hybrid`` on GSM8K are Table 1's cell), copied into ``run_dir`` instead of run again:
-    its rows, provenance and config, its summary with this job's group choices and ``shared_from``
-    (the source, relative to the results directory). Returns the summary, or None when there is no
-    such run."""
+def find_shared_cell(cfg, run_dir):
+    """The directory of a finished run elsewhere under ``<paths.results_dir>/paper/`` with this job's
+    result identity (:func:`omnidraft.lifecycle.cell_key`), with its summary; (None, None) if none."""
     import json
-    import shutil
     from pathlib import Path
 
-    from omnidraft.lifecycle import cell_key, group_choices, write_json
+    from omnidraft.lifecycle import cell_key
 
     root = Path(cfg.paths.results_dir)
     key = None
@@ -310,18 +356,35 @@ def shared_cell(cfg, run_dir) -> dict | None:
         if s.get("status") != "ok" or not s.get("cell") or s.get("shared_from"):
             continue
         key = key or cell_key(cfg)
-        if s["cell"] != key:
-            continue
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.jsonl", "provenance.json", "config.yaml"):
-            if (f.parent / name).is_file():
-                shutil.copyfile(f.parent / name, run_dir / name)
-        s = {**s, "choices": group_choices() or s.get("choices"),
-             "shared_from": str(f.parent.relative_to(root))}
-        write_json(run_dir / "summary.json", s)
-        return s
-    return None
+        if s["cell"] == key:
+            return f.parent, s
+    return None, None
+
+
+def shared_cell(cfg, run_dir) -> dict | None:
+    """A finished run elsewhere under ``<paths.results_dir>/paper/`` with this job's result identity
+    (:func:`omnidraft.lifecycle.cell_key`: the same resolved config and seed; e.g. Table 6's and
+    Table 3's ``hybrid`` on GSM8K are Table 1's cell), copied into ``run_dir`` instead of run again:
+    its rows, provenance and config, its summary with this job's group choices and ``shared_from``
+    (the source, relative to the results directory). Returns the summary, or None when there is no
+    such run."""
+    import shutil
+    from pathlib import Path
+
+    from omnidraft.lifecycle import group_choices, write_json
+
+    src, s = find_shared_cell(cfg, run_dir)
+    if src is None:
+        return None
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.jsonl", "provenance.json", "config.yaml"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, run_dir / name)
+    s = {**s, "choices": group_choices() or s.get("choices"),
+         "shared_from": str(src.relative_to(Path(cfg.paths.results_dir)))}
+    write_json(run_dir / "summary.json", s)
+    return s
 
 
 def _sweep_job(config_name: str, cfg) -> float | None:
@@ -384,6 +447,9 @@ def main() -> None:
     """Console entry point."""
     if sys.argv[1:2] == ["tables"]:  # reads result files: no Hydra config, no run directory
         _tables(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["plan"]:  # composes a sweep's jobs and reads result files: no run directory
+        _plan(sys.argv[2:])
         return
     import signal
 

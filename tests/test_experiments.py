@@ -191,6 +191,19 @@ def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_j
     ok = [r for r in read_runs(d) if r.status == "ok"]
     assert len(ok) == 2  # the synthetic task ignores task.path: both of its jobs ran
     assert proc.stderr.count("the sweep goes on") == 2
+    # omnidraft plan: the same jobs, found in the same directories, with their state and a cost
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    plan = subprocess.run([sys.executable, "-m", "omnidraft", "plan", *args, f"--out={tmp_path}/plan.md"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    text = (tmp_path / "plan.md").read_text()
+    assert text.count("| done |") == 2 and text.count("| failed |") == 2
+    assert "missing.jsonl" in text and "Jobs: 4 (2 done, 2 failed)" in text and "Left: 2 jobs, ~" in text
+    assert all(f"`{r.path.name}` | done" in text for r in ok)
+    bad = subprocess.run([sys.executable, "-m", "omnidraft", "plan", "scale=tiny"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=600)
+    assert bad.returncode == 2
+    one_error_line(bad, "plan: name the sweep")
     again = _sweep(tmp_path, *args)
     assert again.stderr.count("finished earlier, skipped") == 2
     assert again.stderr.count("the sweep goes on") == 2

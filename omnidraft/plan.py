@@ -1,0 +1,146 @@
+"""What a sweep still has to run, and what it costs, from the committed result files.
+
+``omnidraft plan <sweep overrides>`` (e.g. ``omnidraft plan experiment=paper/table1 scale=cpu
+seed=0,1,2``) lists every job of the sweep the way ``omnidraft -m`` would run it, with its state in
+the results directory: ``done`` (its ``summary.json`` says ok), ``seed 0 stands`` (a seed-independent
+cell: the sweep runs seed 0 only), ``shared`` (another table's finished run is the same cell: the
+sweep copies it), ``partial`` (rows logged, unfinished: it resumes only where its git-ignored
+``state/`` is, else starts over), ``failed`` (``error.txt``) and ``to run``. Each job still to run is
+costed from the finished runs of the same row and task (else the same row, else any run that
+trains, or any frozen one, alike), as one-thread core-seconds summed from their rows; the totals
+are the sweep's cost in core-hours. A new machine continues a sweep by running the same ``-m``
+command: finished jobs are skipped.
+
+The decode core does not import this module; the CLI composes the jobs and passes plain data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnidraft.tables import read_rows
+
+
+@dataclass
+class Job:
+    """One job of a sweep: its overrides, run directory and what the results directory says of it."""
+
+    overrides: list[str]
+    run_dir: Path
+    row: str | None
+    task: str | None
+    trains: bool  # False: a frozen cell (seed-independent)
+    status: str = "to run"
+    seconds: float | None = None  # measured (finished or partial) or estimated core-seconds
+    estimated: bool = False
+    note: str = ""
+    rows_logged: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def override_dirname(job: list[str], exclude: list[str], kv_sep: str = "=", item_sep: str = ",") -> str:
+    """Hydra's ``${hydra:job.override_dirname}`` of a job's overrides: the task's overrides (Hydra's own,
+    ``hydra.*`` and ``hydra/*``, are not among them) whose key is not excluded, sorted, joined."""
+    lines = []
+    for o in job:
+        key, _, value = o.partition("=")
+        if key.lstrip("+~") in exclude or key.lstrip("+~").startswith(("hydra.", "hydra/")):
+            continue
+        lines.append(f"{key}{kv_sep}{value}")
+    return item_sep.join(sorted(lines))
+
+
+def run_seconds(run_dir: Path) -> tuple[float, int]:
+    """One-thread core-seconds a run's rows account for (decoding, drafting, online updates, the
+    ar baseline where a row ran it) and how many rows it logged."""
+    rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    total = 0.0
+    for r in rows:
+        total += float(r.get("sd/wall_s") or 0.0) + float(r.get("adapt/update_s") or 0.0)
+        total += float(r.get("ar/wall_s") or 0.0)
+    summary = _summary(run_dir)
+    distill = summary.get("train/distill") or {}  # DistillSpec under train_test: its offline distillation
+    total += float(summary.get("time/load_s") or 0.0)
+    total += float(distill.get("distill/data_s") or 0.0) + float(distill.get("distill/train_s") or 0.0)
+    return total, len(rows)
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def classify(job: Job, seed_stands: bool, shared_from: str | None) -> Job:
+    """Set a job's status and, where it ran, its measured seconds."""
+    summary = _summary(job.run_dir)
+    if summary.get("status") == "ok":
+        job.status = "done"
+        job.seconds, job.rows_logged = run_seconds(job.run_dir)
+        if summary.get("shared_from"):
+            job.note = f"copied from {summary['shared_from']}"
+            job.seconds = 0.0
+    elif seed_stands:
+        job.status, job.seconds, job.note = "seed 0 stands", 0.0, "seed-independent: the sweep runs seed 0 only"
+    elif shared_from:
+        job.status, job.seconds, job.note = "shared", 0.0, f"the same cell finished in {shared_from}"
+    elif (job.run_dir / "error.txt").is_file():
+        job.status = "failed"
+        job.note = (job.run_dir / "error.txt").read_text(encoding="utf-8").splitlines()[0][:120]
+    elif (job.run_dir / "metrics.jsonl").is_file():
+        spent, n = run_seconds(job.run_dir)
+        job.status, job.rows_logged = "partial", n
+        job.note = (f"{n} rows logged ({spent / 60:.0f} min); resumes where its state/ is "
+                    f"({'here' if (job.run_dir / 'state' / 'meta.json').is_file() else 'not on this machine: starts over'})")
+    return job
+
+
+def estimate(jobs: list[Job]) -> None:
+    """Cost each job still to run (and each partial or failed one, as a whole run) from the finished
+    runs: the mean of those with the same row and task, else the same row, else those that train
+    (or are frozen) alike."""
+    done = [j for j in jobs if j.status == "done" and j.seconds and not j.note.startswith("copied")]
+
+    def mean(xs: list[Job]) -> float | None:
+        return sum(x.seconds for x in xs) / len(xs) if xs else None
+
+    for j in jobs:
+        if j.status not in ("to run", "partial", "failed"):
+            continue
+        for pool, why in (([d for d in done if d.row == j.row and d.task == j.task], "same row and task"),
+                          ([d for d in done if d.row == j.row], "same row"),
+                          ([d for d in done if d.trains == j.trains], "trains" if j.trains else "frozen")):
+            m = mean(pool)
+            if m is not None:
+                j.seconds, j.estimated = m, True
+                j.extra["estimated_from"] = f"{len(pool)} run(s), {why}"
+                break
+
+
+def render(jobs: list[Job], command: str) -> str:
+    """The plan as Markdown: per job its status and cost, then the totals in core-hours."""
+    out = [f"# Plan: `{command}`", "",
+           "Generated by `omnidraft plan` from the result files. Cost: one-thread core-minutes, measured from a "
+           "finished run's rows, estimated (~) for the rest from finished runs alike.", "",
+           "| job | status | core-min | note |", "|---|---|---|---|"]
+    for j in jobs:
+        cost = "–" if j.seconds is None else f"{'~' if j.estimated else ''}{j.seconds / 60:.0f}"
+        note = j.note or j.extra.get("estimated_from", "")
+        if j.estimated and j.note:
+            note += f"; estimate: {j.extra.get('estimated_from', '')}"
+        out.append(f"| `{j.run_dir.name}` | {j.status} | {cost} | {note} |")
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j.status] = counts.get(j.status, 0) + 1
+    spent = sum(j.seconds or 0.0 for j in jobs if j.status == "done")
+    left = [j for j in jobs if j.status in ("to run", "partial", "failed")]
+    unknown = sum(1 for j in left if j.seconds is None)
+    todo = sum(j.seconds or 0.0 for j in left)
+    out += ["", f"Jobs: {len(jobs)} ({', '.join(f'{v} {k}' for k, v in counts.items())}).",
+            f"Done: {spent / 3600:.1f} core-hours measured. Left: {len(left)} jobs, ~{todo / 3600:.1f} core-hours"
+            + (f" (+{unknown} with no finished run alike to cost them from)" if unknown else "") + ".", ""]
+    return "\n".join(out)
