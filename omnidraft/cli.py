@@ -271,7 +271,7 @@ def _plan(argv: list[str]) -> None:
 
     from omnidraft.config import register_configs
     from omnidraft.errors import OmniDraftError
-    from omnidraft.plan import Job, classify, estimate, override_dirname, render
+    from omnidraft.plan import Job, classify, estimate, finished_runs, override_dirname, render
 
     out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
     overrides = [a for a in argv if not a.startswith("-")]
@@ -291,15 +291,16 @@ def _plan(argv: list[str]) -> None:
                 cfg = compose("config", overrides=[*job, f"run_dir='{run_dir}'"])  # quoted: it holds = and ,
                 frozen = _seed_independent(cfg)
                 row = next((o.split("=", 1)[1] for o in job if o.startswith("row=")), None)
-                j = Job(job, run_dir, row, str(cfg.task.name), trains=not frozen)
+                j = Job(job, run_dir, row, str(cfg.task.name), trains=not frozen, target=str(cfg.target.name))
                 stands = int(cfg.get("seed", 0)) != 0 and frozen
                 src = None if stands or (run_dir / "summary.json").is_file() else find_shared_cell(cfg, run_dir)[0]
                 jobs.append(classify(j, stands, str(src) if src else None))
+                paper_dir, scale = Path(cfg.paths.results_dir) / "paper", str(h.hydra.runtime.choices.get("scale"))
     except (HydraException, OmegaConfBaseException) as e:
         _fail(_explain(e))
     except OmniDraftError as e:
         _fail(_first_line(e))
-    estimate(jobs)
+    estimate(jobs, finished_runs(paper_dir, scale) if jobs else [])
     text = render(jobs, "omnidraft -m " + " ".join(overrides))
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ class Job:
     row: str | None
     task: str | None
     trains: bool  # False: a frozen cell (seed-independent)
+    target: str | None = None
     status: str = "to run"
     seconds: float | None = None  # measured (finished or partial) or estimated core-seconds
     estimated: bool = False
@@ -99,11 +100,28 @@ def classify(job: Job, seed_stands: bool, shared_from: str | None) -> Job:
     return job
 
 
-def estimate(jobs: list[Job]) -> None:
+def finished_runs(paper_dir: Path, scale: str) -> list[Job]:
+    """Every finished run of every paper experiment at ``scale`` (``<paper_dir>/<table>/<scale>/*``),
+    as costed jobs: what a sweep with no finished run of its own is estimated from."""
+    out = []
+    for f in sorted(Path(paper_dir).glob(f"*/{scale}/*/summary.json")):
+        s = _summary(f.parent)
+        if s.get("status") != "ok" or s.get("shared_from"):
+            continue
+        ch = s.get("choices") or {}
+        seconds, n = run_seconds(f.parent)
+        out.append(Job([], f.parent, ch.get("row"), ch.get("task") or s.get("task"), "train/skipped" not in s,
+                       ch.get("target") or s.get("target"), status="done", seconds=seconds, rows_logged=n))
+    return out
+
+
+def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
     """Cost each job still to run (and each partial or failed one, as a whole run) from the finished
-    runs: the mean of those with the same row and task, else the same row, else those that train
+    runs, the sweep's own first, then ``others`` (:func:`finished_runs`): the mean of those with the
+    same row, task and target, else the same row and task, else the same row, else those that train
     (or are frozen) alike."""
-    done = [j for j in jobs if j.status == "done" and j.seconds and not j.note.startswith("copied")]
+    own = [j for j in jobs if j.status == "done" and j.seconds and not j.note.startswith("copied")]
+    done = own + [o for o in others if o.seconds and all(o.run_dir != j.run_dir for j in own)]
 
     def mean(xs: list[Job]) -> float | None:
         return sum(x.seconds for x in xs) / len(xs) if xs else None
@@ -111,7 +129,9 @@ def estimate(jobs: list[Job]) -> None:
     for j in jobs:
         if j.status not in ("to run", "partial", "failed"):
             continue
-        for pool, why in (([d for d in done if d.row == j.row and d.task == j.task], "same row and task"),
+        for pool, why in (([d for d in done if d.row == j.row and d.task == j.task and d.target == j.target],
+                            "same row, task and target"),
+                          ([d for d in done if d.row == j.row and d.task == j.task], "same row and task"),
                           ([d for d in done if d.row == j.row], "same row"),
                           ([d for d in done if d.trains == j.trains], "trains" if j.trains else "frozen")):
             m = mean(pool)
