@@ -153,8 +153,8 @@ def sweep_jobs(overrides: list[str], compose, config_name: str = "config", every
     dims = []
     for o in parser.parse_overrides(lines):
         key = o.get_key_element()
-        if not o.is_sweep_override():
-            dims.append([o.input_line])
+        if not o.is_sweep_override():  # Hydra's basic sweeper's form (1e-3 -> 0.001): its job directories' names
+            dims.append([f"{key}={o.get_value_element_as_str()}"])
             continue
         values = list(o.sweep_string_iterator())
         if key.lstrip("+~") in _UNCHECKED_DIMS and not every_value:
@@ -260,6 +260,15 @@ def _tables(argv: list[str]) -> None:
     print(text)
 
 
+def _summary_ok(run_dir) -> bool:
+    import json
+
+    try:
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("status") == "ok"
+    except (OSError, ValueError):
+        return False
+
+
 def _plan(argv: list[str]) -> None:
     """``omnidraft plan <sweep overrides> [--out=FILE]``: every job of the sweep ``omnidraft -m <same
     overrides>`` would run, its state in the results directory and its cost (:mod:`omnidraft.plan`)."""
@@ -267,6 +276,7 @@ def _plan(argv: list[str]) -> None:
 
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     from omnidraft.config import register_configs
@@ -288,12 +298,16 @@ def _plan(argv: list[str]) -> None:
                 h = compose("config", overrides=job, return_hydra_config=True)
                 od = h.hydra.job.config.override_dirname
                 run_dir = Path(h.hydra.sweep.dir) / override_dirname(job, list(od.exclude_keys), od.kv_sep, od.item_sep)
-                cfg = compose("config", overrides=[*job, f"run_dir='{run_dir}'"])  # quoted: it holds = and ,
+                cfg = compose("config", overrides=job)
+                with open_dict(cfg):
+                    cfg.run_dir = str(run_dir)  # set, not an override: the name may hold any character
                 frozen = _seed_independent(cfg)
                 row = next((o.split("=", 1)[1] for o in job if o.startswith("row=")), None)
                 j = Job(job, run_dir, row, str(cfg.task.name), trains=not frozen, target=str(cfg.target.name))
                 stands = int(cfg.get("seed", 0)) != 0 and frozen
-                src = None if stands or (run_dir / "summary.json").is_file() else find_shared_cell(cfg, run_dir)[0]
+                # the sweep copies a shared cell unless the job finished or has a state to resume
+                src = None if stands or _summary_ok(run_dir) or (run_dir / "state" / "meta.json").is_file() \
+                    else find_shared_cell(cfg, run_dir)[0]
                 jobs.append(classify(j, stands, str(src) if src else None))
                 paper_dir, scale = Path(cfg.paths.results_dir) / "paper", str(h.hydra.runtime.choices.get("scale"))
     except (HydraException, OmegaConfBaseException) as e:

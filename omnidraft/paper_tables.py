@@ -408,10 +408,12 @@ def compare_orderings(ours: dict[str, dict[str, Any]], paper: dict[str, float]) 
         Each pair (higher, lower) in the paper's order, under one verdict: ``agree`` (ours in the same
         order, the 95% intervals separate), ``agree_ci_overlap`` (same order, intervals overlap),
         ``reversed_ci_overlap`` (the other order or equal, intervals overlap), ``reversed`` (the
-        other order, intervals separate); ``paper_tie`` for pairs the paper reports equal.
+        other order, intervals separate); ``paper_tie`` for pairs the paper reports equal; ``no_ci``
+        also lists the pairs where a cell has no interval (fewer than 2 test prompts), counted as
+        overlapping.
     """
     out: dict[str, list[tuple[str, str]]] = {k: [] for k in ("agree", "agree_ci_overlap", "reversed_ci_overlap",
-                                                             "reversed", "paper_tie")}
+                                                             "reversed", "paper_tie", "no_ci")}
     rows = [r for r in paper if r in ours and ours[r].get("acc") is not None]
     for i, a in enumerate(rows):
         for b in rows[i + 1:]:
@@ -421,6 +423,8 @@ def compare_orderings(ours: dict[str, dict[str, Any]], paper: dict[str, float]) 
             hi, lo = (a, b) if paper[a] > paper[b] else (b, a)
             same = ours[hi]["acc"] > ours[lo]["acc"]
             sep = separated(ours[hi], ours[lo])
+            if sep is None:
+                out["no_ci"].append((hi, lo))
             verdict = ("agree" if sep else "agree_ci_overlap") if same else ("reversed" if sep else "reversed_ci_overlap")
             out[verdict].append((hi, lo))
     return out
@@ -428,12 +432,13 @@ def compare_orderings(ours: dict[str, dict[str, Any]], paper: dict[str, float]) 
 
 def _ranking(ours: dict[str, dict[str, Any]]) -> str:
     """Rows best first by acceptance; ``>`` where the 95% intervals of neighbours separate, ``≈`` where
-    they overlap."""
+    they overlap, ``?`` where one has no interval."""
     order = sorted((r for r in ours if ours[r].get("acc") is not None), key=lambda r: -ours[r]["acc"])
     text = ""
     for i, r in enumerate(order):
         if i:
-            text += " > " if separated(ours[order[i - 1]], ours[r]) else " ≈ "
+            sep = separated(ours[order[i - 1]], ours[r])
+            text += " ? " if sep is None else " > " if sep else " ≈ "
         text += f"{LABELS.get(r, r)} ({ours[r]['acc']:.3f})"
     return text
 
@@ -446,14 +451,16 @@ def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str
     if not paper_targets:
         return []
     out = ["## Ordering of the rows by acceptance, ours vs the paper", "",
-           "Ours best first (`>`: the neighbours' 95% intervals separate; `≈`: they overlap). Pairs are the rows both "
-           "report, in the paper's order: agree (same order, intervals separate) / agree, CIs overlap / reversed, "
-           "CIs overlap / reversed (intervals separate).", "",
+           "Ours best first (`>`: the neighbours' 95% intervals separate; `≈`: they overlap; `?`: one has no interval). "
+           "Pairs are the rows both report, in the paper's order: agree (same order, intervals separate) / agree, CIs "
+           "overlap / reversed, CIs overlap / reversed (intervals separate); (no CI): a cell without an interval; "
+           "pairs the paper reports equal are listed with the paper's order.", "",
            "| target | column | ours | paper (target) | agree | agree, CIs overlap | reversed, CIs overlap | reversed |",
            "|---|---|---|---|---|---|---|---|"]
 
-    def names(pairs: list[tuple[str, str]]) -> str:
-        return "; ".join(f"{LABELS.get(a, a)} > {LABELS.get(b, b)}" for a, b in pairs) or "–"
+    def names(pairs: list[tuple[str, str]], no_ci: list[tuple[str, str]] = ()) -> str:
+        return "; ".join(f"{LABELS.get(a, a)} > {LABELS.get(b, b)}{' (no CI)' if (a, b) in no_ci else ''}"
+                         for a, b in pairs) or "–"
 
     for tgt in targets:
         for c in cols:
@@ -468,11 +475,11 @@ def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str
                     continue
                 v = compare_orderings(ours, paper)
                 p_order = " > ".join(f"{LABELS.get(r, r)} ({paper[r]:.3g})" for r in sorted(shared, key=lambda r: -paper[r]))
-                out.append(f"| {tgt} | {c} | {_ranking(ours)} | {p_order} ({TARGET_NAMES.get(pt, pt)}) | "
-                           f"{names(v['agree'])} | {names(v['agree_ci_overlap'])} | {names(v['reversed_ci_overlap'])} | "
-                           f"{names(v['reversed'])} |")
-    out.append("")
-    return out if len(out) > 6 else []
+                ties = "".join(f"; tie: {LABELS.get(a, a)} = {LABELS.get(b, b)}" for a, b in v["paper_tie"])
+                out.append(f"| {tgt} | {c} | {_ranking(ours)} | {p_order} ({TARGET_NAMES.get(pt, pt)}){ties} | "
+                           f"{names(v['agree'])} | {names(v['agree_ci_overlap'], v['no_ci'])} | "
+                           f"{names(v['reversed_ci_overlap'], v['no_ci'])} | {names(v['reversed'])} |")
+    return out + [""] if len(out) > 6 else []  # a header alone: no column with two rows both report
 
 
 def cells_runs(cells: dict) -> list[Run]:

@@ -117,27 +117,24 @@ def finished_runs(paper_dir: Path, scale: str) -> list[Job]:
 
 def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
     """Cost each job still to run (and each partial or failed one, as a whole run) from the finished
-    runs, the sweep's own first, then ``others`` (:func:`finished_runs`): the mean of those with the
-    same row, task and target, else the same row and task, else the same row, else those that train
-    (or are frozen) alike."""
+    runs: the mean of those with the same row, task and target, else the same row and task, else the
+    same row, else those that train (or are frozen) alike; at each step the sweep's own runs first,
+    then ``others`` (:func:`finished_runs`: other tables' at the same scale)."""
     own = [j for j in jobs if j.status == "done" and j.seconds and not j.note.startswith("copied")]
-    done = own + [o for o in others if o.seconds and all(o.run_dir != j.run_dir for j in own)]
-
-    def mean(xs: list[Job]) -> float | None:
-        return sum(x.seconds for x in xs) / len(xs) if xs else None
-
+    rest = [o for o in others if o.seconds and all(o.run_dir.resolve() != j.run_dir.resolve() for j in own)]
+    tiers = (("same row, task and target", lambda d, j: d.row == j.row and d.task == j.task and d.target == j.target),
+             ("same row and task", lambda d, j: d.row == j.row and d.task == j.task),
+             ("same row", lambda d, j: d.row == j.row),
+             ("alike", lambda d, j: d.trains == j.trains))
     for j in jobs:
         if j.status not in ("to run", "partial", "failed"):
             continue
-        for pool, why in (([d for d in done if d.row == j.row and d.task == j.task and d.target == j.target],
-                            "same row, task and target"),
-                          ([d for d in done if d.row == j.row and d.task == j.task], "same row and task"),
-                          ([d for d in done if d.row == j.row], "same row"),
-                          ([d for d in done if d.trains == j.trains], "trains" if j.trains else "frozen")):
-            m = mean(pool)
-            if m is not None:
-                j.seconds, j.estimated = m, True
-                j.extra["estimated_from"] = f"{len(pool)} run(s), {why}"
+        for (why, alike), (pool, whose) in ((t, p) for t in tiers for p in ((own, "this sweep's"), (rest, "other tables'"))):
+            hits = [d for d in pool if alike(d, j)]
+            if hits:
+                kind = ("that train" if j.trains else "frozen") if why == "alike" else why
+                j.seconds, j.estimated = sum(d.seconds for d in hits) / len(hits), True
+                j.extra["estimated_from"] = f"{len(hits)} of {whose} runs, {kind}"
                 break
 
 

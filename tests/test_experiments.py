@@ -177,6 +177,12 @@ def test_row_orderings_are_compared_with_the_papers_pair_by_pair():
     text = "\n".join(render_orderings(spec, cells, {("t", r, "gsm8k"): st for r, st in ours.items()}))
     assert "OSD (not in the paper) (0.500) > L_DM (0.400) ≈ L_DM + λ L_Ngram (0.390) > SpD_DM (0.300)" in text
     assert "| L_DM + λ L_Ngram > L_DM |" in text and "(Llama3-8B)" in text
+    assert render_orderings(spec, {("t", "osd", "gsm8k"): Cell("t", "osd", "gsm8k")},
+                            {("t", "osd", "gsm8k"): ours["osd"]}) == []  # no pair both report: no section
+    one = {"spd_dm": {"acc": 0.3, "acc_ci": None}, "l_dm": {"acc": 0.4, "acc_ci": (0.3, 0.5)}}
+    v = compare_orderings(one, {"spd_dm": 0.1, "l_dm": 0.3, "hybrid": 0.3})
+    assert v["agree_ci_overlap"] == v["no_ci"] == [("l_dm", "spd_dm")]
+    assert compare_orderings({**one, "hybrid": one["l_dm"]}, {"l_dm": 0.3, "hybrid": 0.3})["paper_tie"] == [("l_dm", "hybrid")]
 
 
 def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_jobs(tmp_path):

@@ -45,30 +45,29 @@ def test_datasets_json_builder_reads_what_the_line_reader_reads(name, monkeypatc
     assert ds.num_rows == 7 and [tasks.Record(**row).turns for row in ds] == [r.turns for r in ref[:7]]
 
 
-def test_local_file_through_the_builder_and_its_fallbacks(tmp_path, monkeypatch):
-    """A clean local file is read by the builder; mixed schemas, a blank line or an edited file give
-    the same records as the line reader (an edit is never served from the builder's cache)."""
+def test_local_files_are_read_exactly_and_a_stale_builder_cache_is_never_served(tmp_path):
+    """A local file is read line by line: ints stay ints beside floats, nulls stay, a blank line keeps
+    the ids of the lines after it. The json builder's cache (packaged data) is keyed by the file's
+    content, so a rewritten file with its old modification time is read again."""
+    import os
+
     from omnidraft.data import tasks
 
-    calls = []
-    real = tasks.json_dataset
-    monkeypatch.setattr(tasks, "json_dataset", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
-    lines = [json.dumps({"document": "Rain flooded roads.", "summary": "Floods.", "id": 7}),
-             json.dumps({"id": "n1", "turns": ["Normalised line."], "reference": None, "metadata": {"k": 1}}),
-             json.dumps({"id": "n2", "turns": ["Another."], "reference": "r"})]
+    lines = [json.dumps({"id": "a", "turns": ["One."], "metadata": {"n": 1, "k": None}}),
+             "",
+             json.dumps({"id": "b", "turns": ["Two."], "metadata": {"n": 2.5}})]
     p = _write(tmp_path, lines)
     got = load_task("xsum", "local", CACHE, path=str(p))
-    assert calls  # the builder ran
-    want = [("7", ["Rain flooded roads."], "Floods.", {"task": "xsum"}),
-            ("n1", ["Normalised line."], None, {"k": 1, "task": "xsum"}),
-            ("n2", ["Another."], "r", {"task": "xsum"})]
-    assert [(r.id, r.turns, r.reference, r.metadata) for r in got] == want
-    assert [(r.id, r.turns) for r in tasks.from_local(p, "xsum")] == [(w[0], w[1]) for w in want]  # the line reader
-    p.write_text("\n".join([lines[0], "", lines[2]]) + "\n")  # a blank line: the line reader (ids follow lines)
-    got = load_task("xsum", "local", CACHE, path=str(p))
-    assert [(r.id, r.turns) for r in got] == [("7", ["Rain flooded roads."]), ("n2", ["Another."])]
-    p.write_text(json.dumps({"id": "z", "turns": ["Edited."]}) + "\n")
-    assert [r.turns for r in load_task("xsum", "local", CACHE, path=str(p))] == [["Edited."]]
+    assert [(r.id, r.metadata) for r in got] == [("a", {"n": 1, "k": None, "task": "xsum"}),
+                                                 ("b", {"n": 2.5, "task": "xsum"})]
+    assert type(got[0].metadata["n"]) is int
+    q = tmp_path / "raw.jsonl"
+    q.write_text(json.dumps({"x": "OLD prompt"}) + "\n")
+    st = os.stat(q)
+    assert [r["x"] for r in tasks.json_dataset(q, tmp_path / "c")] == ["OLD prompt"]
+    q.write_text(json.dumps({"x": "NEW prompt"}) + "\n")
+    os.utime(q, ns=(st.st_atime_ns, st.st_mtime_ns))  # a copy that keeps the old time (cp -p, rsync -t, tar)
+    assert [r["x"] for r in tasks.json_dataset(q, tmp_path / "c")] == ["NEW prompt"]
 
 
 def test_known_records():

