@@ -260,15 +260,6 @@ def _tables(argv: list[str]) -> None:
     print(text)
 
 
-def _summary_ok(run_dir) -> bool:
-    import json
-
-    try:
-        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("status") == "ok"
-    except (OSError, ValueError):
-        return False
-
-
 def _plan(argv: list[str]) -> None:
     """``omnidraft plan <sweep overrides> [--out=FILE]``: every job of the sweep ``omnidraft -m <same
     overrides>`` would run, its state in the results directory and its cost (:mod:`omnidraft.plan`)."""
@@ -281,7 +272,7 @@ def _plan(argv: list[str]) -> None:
 
     from omnidraft.config import register_configs
     from omnidraft.errors import OmniDraftError
-    from omnidraft.plan import Job, classify, estimate, finished_runs, override_dirname, render
+    from omnidraft.plan import Job, classify, estimate, finished_runs, override_dirname, render, summary_of
 
     out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
     overrides = [a for a in argv if not a.startswith("-")]
@@ -297,16 +288,17 @@ def _plan(argv: list[str]) -> None:
             for job in sweep_jobs(overrides, compose, every_value=True):
                 h = compose("config", overrides=job, return_hydra_config=True)
                 od = h.hydra.job.config.override_dirname
-                run_dir = Path(h.hydra.sweep.dir) / override_dirname(job, list(od.exclude_keys), od.kv_sep, od.item_sep)
+                name = override_dirname(job, list(od.exclude_keys), od.kv_sep, od.item_sep)
+                run_dir = Path(h.hydra.sweep.dir) / name
                 cfg = compose("config", overrides=job)
                 with open_dict(cfg):
                     cfg.run_dir = str(run_dir)  # set, not an override: the name may hold any character
                 frozen = _seed_independent(cfg)
                 row = next((o.split("=", 1)[1] for o in job if o.startswith("row=")), None)
-                j = Job(job, run_dir, row, str(cfg.task.name), trains=not frozen, target=str(cfg.target.name))
+                j = Job(job, run_dir, name, row, str(cfg.task.name), trains=not frozen, target=str(cfg.target.name))
                 stands = int(cfg.get("seed", 0)) != 0 and frozen
                 # the sweep copies a shared cell unless the job finished or has a state to resume
-                src = None if stands or _summary_ok(run_dir) or (run_dir / "state" / "meta.json").is_file() \
+                src = None if stands or summary_of(run_dir).get("status") == "ok" or (run_dir / "state" / "meta.json").is_file() \
                     else find_shared_cell(cfg, run_dir)[0]
                 jobs.append(classify(j, stands, str(src) if src else None))
                 paper_dir, scale = Path(cfg.paths.results_dir) / "paper", str(h.hydra.runtime.choices.get("scale"))

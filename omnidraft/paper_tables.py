@@ -446,7 +446,7 @@ def _ranking(ours: dict[str, dict[str, Any]]) -> str:
 def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str]:
     """Markdown: per target of ours and column, our rows best first and the paper's order of the same
     rows, with every pair's verdict (:func:`compare_orderings`), against each paper target."""
-    rows, cols, targets = _order(spec, cells)
+    _, cols, targets = _order(spec, cells)
     paper_targets = list(dict.fromkeys(c.get("target") for c in spec["cells"] if "acc" in c))
     if not paper_targets:
         return []

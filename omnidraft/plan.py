@@ -6,9 +6,8 @@ the results directory: ``done`` (its ``summary.json`` says ok), ``seed 0 stands`
 cell: the sweep runs seed 0 only), ``shared`` (another table's finished run is the same cell: the
 sweep copies it), ``partial`` (rows logged, unfinished: it resumes only where its git-ignored
 ``state/`` is, else starts over), ``failed`` (``error.txt``) and ``to run``. Each job still to run is
-costed from the finished runs of the same row and task (else the same row, else any run that
-trains, or any frozen one, alike), as one-thread core-seconds summed from their rows; the totals
-are the sweep's cost in core-hours. A new machine continues a sweep by running the same ``-m``
+costed as the mean of finished runs alike (:func:`estimate`), in one-thread core-seconds summed from
+their rows; the totals are the sweep's cost in core-hours. A new machine continues a sweep by running the same ``-m``
 command: finished jobs are skipped.
 
 The decode core does not import this module; the CLI composes the jobs and passes plain data.
@@ -17,7 +16,7 @@ The decode core does not import this module; the CLI composes the jobs and passe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +28,16 @@ class Job:
     """One job of a sweep: its overrides, run directory and what the results directory says of it."""
 
     overrides: list[str]
-    run_dir: Path
+    run_dir: Path  # <sweep dir>/<name>
+    name: str  # Hydra's override_dirname (may hold '/': a path in a value)
     row: str | None
     task: str | None
     trains: bool  # False: a frozen cell (seed-independent)
     target: str | None = None
     status: str = "to run"
     seconds: float | None = None  # measured (finished or partial) or estimated core-seconds
-    estimated: bool = False
+    estimated_from: str = ""  # set when ``seconds`` is an estimate: which runs it averages
     note: str = ""
-    rows_logged: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def override_dirname(job: list[str], exclude: list[str], kv_sep: str = "=", item_sep: str = ",") -> str:
@@ -62,14 +60,15 @@ def run_seconds(run_dir: Path) -> tuple[float, int]:
     for r in rows:
         total += float(r.get("sd/wall_s") or 0.0) + float(r.get("adapt/update_s") or 0.0)
         total += float(r.get("ar/wall_s") or 0.0)
-    summary = _summary(run_dir)
+    summary = summary_of(run_dir)
     distill = summary.get("train/distill") or {}  # DistillSpec under train_test: its offline distillation
     total += float(summary.get("time/load_s") or 0.0)
     total += float(distill.get("distill/data_s") or 0.0) + float(distill.get("distill/train_s") or 0.0)
     return total, len(rows)
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    """A run's ``summary.json``, {} when it is missing or unreadable (a run cut while writing it)."""
     try:
         return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -78,10 +77,10 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 
 def classify(job: Job, seed_stands: bool, shared_from: str | None) -> Job:
     """Set a job's status and, where it ran, its measured seconds."""
-    summary = _summary(job.run_dir)
+    summary = summary_of(job.run_dir)
     if summary.get("status") == "ok":
         job.status = "done"
-        job.seconds, job.rows_logged = run_seconds(job.run_dir)
+        job.seconds = run_seconds(job.run_dir)[0]
         if summary.get("shared_from"):
             job.note = f"copied from {summary['shared_from']}"
             job.seconds = 0.0
@@ -94,7 +93,7 @@ def classify(job: Job, seed_stands: bool, shared_from: str | None) -> Job:
         job.note = (job.run_dir / "error.txt").read_text(encoding="utf-8").splitlines()[0][:120]
     elif (job.run_dir / "metrics.jsonl").is_file():
         spent, n = run_seconds(job.run_dir)
-        job.status, job.rows_logged = "partial", n
+        job.status = "partial"
         job.note = (f"{n} rows logged ({spent / 60:.0f} min); resumes where its state/ is "
                     f"({'here' if (job.run_dir / 'state' / 'meta.json').is_file() else 'not on this machine: starts over'})")
     return job
@@ -105,13 +104,13 @@ def finished_runs(paper_dir: Path, scale: str) -> list[Job]:
     as costed jobs: what a sweep with no finished run of its own is estimated from."""
     out = []
     for f in sorted(Path(paper_dir).glob(f"*/{scale}/*/summary.json")):
-        s = _summary(f.parent)
+        s = summary_of(f.parent)
         if s.get("status") != "ok" or s.get("shared_from"):
             continue
         ch = s.get("choices") or {}
-        seconds, n = run_seconds(f.parent)
-        out.append(Job([], f.parent, ch.get("row"), ch.get("task") or s.get("task"), "train/skipped" not in s,
-                       ch.get("target") or s.get("target"), status="done", seconds=seconds, rows_logged=n))
+        out.append(Job([], f.parent, f.parent.name, ch.get("row"), ch.get("task") or s.get("task"),
+                       "train/skipped" not in s, ch.get("target") or s.get("target"), status="done",
+                       seconds=run_seconds(f.parent)[0]))
     return out
 
 
@@ -133,8 +132,8 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
             hits = [d for d in pool if alike(d, j)]
             if hits:
                 kind = ("that train" if j.trains else "frozen") if why == "alike" else why
-                j.seconds, j.estimated = sum(d.seconds for d in hits) / len(hits), True
-                j.extra["estimated_from"] = f"{len(hits)} of {whose} runs, {kind}"
+                j.seconds = sum(d.seconds for d in hits) / len(hits)
+                j.estimated_from = f"{len(hits)} of {whose} runs, {kind}"
                 break
 
 
@@ -145,11 +144,9 @@ def render(jobs: list[Job], command: str) -> str:
            "finished run's rows, estimated (~) for the rest from finished runs alike.", "",
            "| job | status | core-min | note |", "|---|---|---|---|"]
     for j in jobs:
-        cost = "–" if j.seconds is None else f"{'~' if j.estimated else ''}{j.seconds / 60:.0f}"
-        note = j.note or j.extra.get("estimated_from", "")
-        if j.estimated and j.note:
-            note += f"; estimate: {j.extra.get('estimated_from', '')}"
-        out.append(f"| `{j.run_dir.name}` | {j.status} | {cost} | {note} |")
+        cost = "–" if j.seconds is None else f"{'~' if j.estimated_from else ''}{j.seconds / 60:.0f}"
+        note = "; estimate: ".join(x for x in (j.note, j.estimated_from) if x)
+        out.append(f"| `{j.name}` | {j.status} | {cost} | {note} |")
     counts: dict[str, int] = {}
     for j in jobs:
         counts[j.status] = counts.get(j.status, 0) + 1

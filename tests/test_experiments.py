@@ -205,7 +205,8 @@ def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_j
     text = (tmp_path / "plan.md").read_text()
     assert text.count("| done |") == 2 and text.count("| failed |") == 2
     assert "missing.jsonl" in text and "Jobs: 4 (2 done, 2 failed)" in text and "Left: 2 jobs, ~" in text
-    assert all(f"`{r.path.name}` | done" in text for r in ok)
+    assert all(f"`{r.path.relative_to(d)}` | done" in text for r in ok)  # the whole name: task.path holds '/'
+
     bad = subprocess.run([sys.executable, "-m", "omnidraft", "plan", "scale=tiny"], capture_output=True, text=True,
                          cwd=tmp_path, env=env, timeout=600)
     assert bad.returncode == 2

