@@ -160,3 +160,12 @@ def one_error_line(proc, *needles):
     assert len(lines) == 1, proc.stderr
     for n in needles:
         assert n in lines[0], lines[0]
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's ``-n 2``) each worker computes on one thread: the workers
+    already share the cores, and tiny models gain nothing from a second thread."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)

@@ -318,7 +318,7 @@ def load_vocab_tokenizer(key: str, cache_dir: Path):
     fname, sha = VOCAB_FILES[key]
     saved = Path(cache_dir) / "tokenizers" / f"{key}-{sha[:12]}"
     if _verified(saved, saved / _MARKER):
-        return AutoTokenizer.from_pretrained(saved)
+        return _loaded_tokenizer(saved)
     with cache_lock(saved):
         if not _verified(saved, saved / _MARKER):
             pkg, ver, prefix = _LCPP
@@ -333,7 +333,23 @@ def load_vocab_tokenizer(key: str, cache_dir: Path):
                 os.replace(tmp, saved)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(saved)
+    return _loaded_tokenizer(saved)
+
+
+_TOKENIZERS: dict[tuple, Any] = {}
+
+
+def _loaded_tokenizer(saved: Path):
+    """The tokenizer saved in ``saved``, loaded once per process and per version of its files (a
+    150k vocabulary takes seconds to load, and every tiny model and test asks again). The instance
+    is shared: callers that change it (``add_tokens``) work on a ``copy.deepcopy``."""
+    from transformers import AutoTokenizer
+
+    stamp = (str(saved), tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                                      for p in saved.iterdir() if p.is_file())))
+    if stamp not in _TOKENIZERS:
+        _TOKENIZERS[stamp] = AutoTokenizer.from_pretrained(saved)
+    return _TOKENIZERS[stamp]
 
 
 def build_tiny(t: Mapping[str, Any], cache_dir: Path, dtype: torch.dtype):

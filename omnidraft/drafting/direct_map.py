@@ -15,9 +15,11 @@ import hashlib
 import json
 import os
 import re
+import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -44,6 +46,28 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
+_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _once(tok, name: str, fn: Callable[[Any], Any]) -> Any:
+    """``fn(tok)``, computed once per tokenizer object and vocabulary: a run asks for the same
+    tokenizer's vocabulary, kind, byte table and hash many times (a 150k vocabulary costs seconds
+    each). A tokenizer given tokens since (``add_tokens``) is analysed again. Callers must not
+    mutate what this returns."""
+    key = (name, len(tok), len(getattr(tok, "added_tokens_decoder", {}) or {}))
+    try:
+        slot = _FACTS.setdefault(tok, {})
+    except TypeError:  # not weak-referenceable or unhashable: no memo
+        return fn(tok)
+    if key not in slot:
+        slot[key] = fn(tok)
+    return slot[key]
+
+
+def _vocab(tok) -> dict[str, int]:
+    return _once(tok, "vocab", lambda t: t.get_vocab())
+
+
 def _special_ids(tok) -> dict[int, str]:
     """id -> content for special and added tokens."""
     out = {int(i): str(t) for i, t in zip(tok.all_special_ids, tok.all_special_tokens)}
@@ -54,7 +78,11 @@ def _special_ids(tok) -> dict[int, str]:
 
 def tokenizer_kind(tok) -> str:
     """'byte_level' (GPT-2 style 'Ġ') or 'sentencepiece' ('▁', '<0xNN>' byte fallback)."""
-    vocab = tok.get_vocab()
+    return _once(tok, "kind", _tokenizer_kind)
+
+
+def _tokenizer_kind(tok) -> str:
+    vocab = _vocab(tok)
     n_g = sum(1 for s in vocab if s.startswith("Ġ"))
     n_sp = sum(1 for s in vocab if s.startswith("▁"))
     return "byte_level" if n_g > n_sp else "sentencepiece"
@@ -68,15 +96,22 @@ def token_bytes_table(tok) -> tuple[list[bytes | None], dict[int, str]]:
     Returns:
         table: list of length ``len(tok)``; ``table[i]`` is the byte string of token i.
         specials: id -> content for special/added tokens.
+
+    Computed once per tokenizer object (shared: do not mutate).
     """
+    return _once(tok, "bytes_table", _token_bytes_table)
+
+
+def _token_bytes_table(tok) -> tuple[list[bytes | None], dict[int, str]]:
     specials = _special_ids(tok)
     kind = tokenizer_kind(tok)
     dec = _byte_decoder()
-    n = max(len(tok), max(tok.get_vocab().values()) + 1)
+    vocab = _vocab(tok)
+    n = max(len(tok), max(vocab.values()) + 1)
     table: list[bytes | None] = [None] * n
     text_added = {int(i): at.content for i, at in getattr(tok, "added_tokens_decoder", {}).items()
                   if not getattr(at, "special", True) and getattr(at, "content", None)}
-    for s, i in tok.get_vocab().items():
+    for s, i in vocab.items():
         if i in text_added:  # an added token that is plain text (Gemma's '\n', '\n\n'): its content's bytes
             table[i] = text_added[i].encode("utf-8")
             continue
@@ -98,7 +133,7 @@ def byte_piece_ids(tok) -> frozenset[int]:
     often spells too ('.'), and the tokenizer emits them only for bytes no piece covers."""
     if tokenizer_kind(tok) == "byte_level":
         return frozenset()
-    return frozenset(i for s, i in tok.get_vocab().items() if _BYTE_PIECE.match(s))
+    return _once(tok, "byte_pieces", lambda t: frozenset(i for s, i in _vocab(t).items() if _BYTE_PIECE.match(s)))
 
 
 def _preferred(table: list[bytes | None], byte_pieces: frozenset[int]) -> dict[bytes, int]:
@@ -115,10 +150,14 @@ def _preferred(table: list[bytes | None], byte_pieces: frozenset[int]) -> dict[b
 
 
 def tokenizer_hash(tok) -> str:
-    """Content hash of a tokenizer's vocabulary and special tokens."""
+    """Content hash of a tokenizer's vocabulary and special tokens (once per tokenizer object)."""
+    return _once(tok, "hash", _tokenizer_hash)
+
+
+def _tokenizer_hash(tok) -> str:
     h = hashlib.sha256()
     h.update(type(tok).__name__.encode())
-    h.update(json.dumps(sorted(tok.get_vocab().items()), ensure_ascii=False).encode())
+    h.update(json.dumps(sorted(_vocab(tok).items()), ensure_ascii=False).encode())
     h.update(json.dumps(sorted(_special_ids(tok).items())).encode())
     return h.hexdigest()
 
