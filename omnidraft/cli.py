@@ -295,7 +295,8 @@ def _plan(argv: list[str]) -> None:
                     cfg.run_dir = str(run_dir)  # set, not an override: the name may hold any character
                 frozen = _seed_independent(cfg)
                 row = next((o.split("=", 1)[1] for o in job if o.startswith("row=")), None)
-                j = Job(job, run_dir, name, row, str(cfg.task.name), trains=not frozen, target=str(cfg.target.name))
+                j = Job(job, run_dir, name, row, str(cfg.task.name), trains=not frozen, target=str(cfg.target.name),
+                        evals=_evaluations(cfg))
                 stands = int(cfg.get("seed", 0)) != 0 and frozen
                 # the sweep copies a shared cell unless the job finished or has a state to resume
                 src = None if stands or summary_of(run_dir).get("status") == "ok" or (run_dir / "state" / "meta.json").is_file() \
@@ -327,6 +328,27 @@ def _in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _learns_online(cfg) -> bool:
+    """Whether the drafter or its acceptance head trains on the stream (the n-gram cache aside)."""
+    m = cfg.get("method")
+    if m is None:
+        return False
+    learns = m.get("can_adapt") and m.adapt.enabled
+    head = m.get("draft_length") is not None and m.draft_length.policy == "head" and m.draft_length.head_learn
+    return bool(learns or head)
+
+
+def _evaluations(cfg) -> int | None:
+    """How many frozen test evaluations a ``protocol=train_test`` run of ``cfg`` makes (None for other
+    protocols), as the runner schedules them (:func:`omnidraft.config.evaluation_points`)."""
+    from omnidraft.config import evaluation_points
+
+    if cfg.get("protocol") != "train_test":
+        return None
+    t = cfg.train_test
+    return len(evaluation_points(int(t.train_limit), int(t.eval_every), bool(t.eval_at_start), _learns_online(cfg)))
+
+
 def _seed_independent(cfg) -> bool:
     """A cell whose result no seed can change: greedy, and no drafter or acceptance head trains,
     online or (DistillSpec under train_test) offline (the n-gram cache's learning is deterministic
@@ -334,13 +356,11 @@ def _seed_independent(cfg) -> bool:
     m = cfg.get("method")
     if m is None or "temperature" not in m or m.temperature > 0:
         return False
-    learns = m.get("can_adapt") and m.adapt.enabled
     # DistillSpec under train_test distils on the train slice first, in a seeded order
     distils = m.get("needs_init_state") and cfg.get("protocol") == "train_test" and not (cfg.get("drafter") or {}).get("init_state")
     if distils:
         return False
-    head = m.get("draft_length") is not None and m.draft_length.policy == "head" and m.draft_length.head_learn
-    return not (learns or head)
+    return not _learns_online(cfg)
 
 
 def find_shared_cell(cfg, run_dir):

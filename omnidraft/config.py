@@ -117,6 +117,18 @@ class TrainTestConfig:
     eval_at_start: bool = True
 
 
+def evaluation_points(n_train: int, eval_every: int, at_start: bool, learns: bool) -> list[int]:
+    """After how many train prompts ``protocol=train_test`` evaluates the test prompts frozen: before
+    training (unless ``at_start`` is off), every ``eval_every`` train prompts, and after the last. A
+    run that learns nothing online is evaluated once, before them: the train stream cannot change it."""
+    if not learns:
+        return [0]
+    at = {0, n_train, *(range(eval_every, n_train, eval_every) if eval_every else ())}
+    if not at_start and n_train > 0:
+        at.discard(0)  # after training only: what the tables report
+    return sorted(at)
+
+
 @dataclass
 class TargetSwitchConfig:
     """A stream that switches target mid-way (the paper's App. B.6): prompts ``0..at[0]-1`` go to

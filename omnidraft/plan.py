@@ -24,6 +24,23 @@ from omnidraft.tables import read_rows
 
 
 @dataclass
+class Cost:
+    """A finished run's one-thread core-seconds by part: ``fixed`` (model loading, DistillSpec's
+    offline distillation), ``stream`` (the prompts it decodes and learns on, their updates and ar
+    baselines) and ``per_eval`` (one frozen evaluation of the test prompts under
+    ``protocol=train_test``), of which it ran ``evals``."""
+
+    fixed: float = 0.0
+    stream: float = 0.0
+    per_eval: float = 0.0
+    evals: int = 0
+
+    def total(self, evals: int | None = None) -> float:
+        """Its cost with ``evals`` evaluations (None: as many as it ran)."""
+        return self.fixed + self.stream + self.per_eval * (self.evals if evals is None else evals)
+
+
+@dataclass
 class Job:
     """One job of a sweep: its overrides, run directory and what the results directory says of it."""
 
@@ -38,6 +55,8 @@ class Job:
     seconds: float | None = None  # measured (finished or partial) or estimated core-seconds
     estimated_from: str = ""  # set when ``seconds`` is an estimate: which runs it averages
     note: str = ""
+    evals: int | None = None  # the test evaluations its config runs (None: as many as the runs it is costed from)
+    cost: Cost | None = None  # measured, for a finished run
 
 
 def override_dirname(job: list[str], exclude: list[str], kv_sep: str = "=", item_sep: str = ",") -> str:
@@ -52,19 +71,33 @@ def override_dirname(job: list[str], exclude: list[str], kv_sep: str = "=", item
     return item_sep.join(sorted(lines))
 
 
-def run_seconds(run_dir: Path) -> tuple[float, int]:
-    """One-thread core-seconds a run's rows account for (decoding, drafting, online updates, the
-    ar baseline where a row ran it) and how many rows it logged."""
+def run_cost(run_dir: Path) -> tuple[Cost, int]:
+    """One-thread core-seconds a run's rows account for (decoding, drafting, online updates, the ar
+    baseline where a row ran it), by part (:class:`Cost`), and how many rows it logged."""
     rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
-    total = 0.0
+    cost = Cost()
+    test = 0.0
+    points = set()
     for r in rows:
-        total += float(r.get("sd/wall_s") or 0.0) + float(r.get("adapt/update_s") or 0.0)
-        total += float(r.get("ar/wall_s") or 0.0)
+        t = float(r.get("sd/wall_s") or 0.0) + float(r.get("adapt/update_s") or 0.0) + float(r.get("ar/wall_s") or 0.0)
+        if r.get("phase") == "test":
+            test += t
+            points.add(r.get("eval/at"))
+        else:
+            cost.stream += t
+    cost.evals = len(points)
+    cost.per_eval = test / len(points) if points else 0.0
     summary = summary_of(run_dir)
     distill = summary.get("train/distill") or {}  # DistillSpec under train_test: its offline distillation
-    total += float(summary.get("time/load_s") or 0.0)
-    total += float(distill.get("distill/data_s") or 0.0) + float(distill.get("distill/train_s") or 0.0)
-    return total, len(rows)
+    cost.fixed = float(summary.get("time/load_s") or 0.0) + float(distill.get("distill/data_s") or 0.0) \
+        + float(distill.get("distill/train_s") or 0.0)
+    return cost, len(rows)
+
+
+def run_seconds(run_dir: Path) -> tuple[float, int]:
+    """A run's one-thread core-seconds in all (:func:`run_cost`) and how many rows it logged."""
+    cost, n = run_cost(run_dir)
+    return cost.total(), n
 
 
 def summary_of(run_dir: Path) -> dict[str, Any]:
@@ -80,7 +113,8 @@ def classify(job: Job, seed_stands: bool, shared_from: str | None) -> Job:
     summary = summary_of(job.run_dir)
     if summary.get("status") == "ok":
         job.status = "done"
-        job.seconds = run_seconds(job.run_dir)[0]
+        job.cost = run_cost(job.run_dir)[0]
+        job.seconds = job.cost.total()
         if summary.get("shared_from"):
             job.note = f"copied from {summary['shared_from']}"
             job.seconds = 0.0
@@ -108,9 +142,10 @@ def finished_runs(paper_dir: Path, scale: str) -> list[Job]:
         if s.get("status") != "ok" or s.get("shared_from"):
             continue
         ch = s.get("choices") or {}
+        cost = run_cost(f.parent)[0]
         out.append(Job([], f.parent, f.parent.name, ch.get("row"), ch.get("task") or s.get("task"),
                        "train/skipped" not in s, ch.get("target") or s.get("target"), status="done",
-                       seconds=run_seconds(f.parent)[0]))
+                       seconds=cost.total(), cost=cost))
     return out
 
 
@@ -118,12 +153,18 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
     """Cost each job still to run (and each partial or failed one, as a whole run) from the finished
     runs: the mean of those with the same row, task and target, else the same row and task, else the
     same row, else those that train (or are frozen) alike; at each step the sweep's own runs first,
-    then ``others`` (:func:`finished_runs`: other tables' at the same scale)."""
+    then ``others`` (:func:`finished_runs`: other tables' at the same scale). A ``protocol=train_test``
+    job is costed from runs that evaluated a test set (until the last tier), and each counts with the
+    job's own number of test evaluations (Figure 2 evaluates five times, a table cell once)."""
     own = [j for j in jobs if j.status == "done" and j.seconds and not j.note.startswith("copied")]
     rest = [o for o in others if o.seconds and all(o.run_dir.resolve() != j.run_dir.resolve() for j in own)]
-    tiers = (("same row, task and target", lambda d, j: d.row == j.row and d.task == j.task and d.target == j.target),
-             ("same row and task", lambda d, j: d.row == j.row and d.task == j.task),
-             ("same row", lambda d, j: d.row == j.row),
+    def protocol(d: Job, j: Job) -> bool:  # train_test runs (test evaluations) are costed from their like
+        return d.cost is None or (d.cost.evals > 0) == (j.evals is not None)
+
+    tiers = (("same row, task and target",
+              lambda d, j: d.row == j.row and d.task == j.task and d.target == j.target and protocol(d, j)),
+             ("same row and task", lambda d, j: d.row == j.row and d.task == j.task and protocol(d, j)),
+             ("same row", lambda d, j: d.row == j.row and protocol(d, j)),
              ("alike", lambda d, j: d.trains == j.trains))
     for j in jobs:
         if j.status not in ("to run", "partial", "failed"):
@@ -132,7 +173,7 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
             hits = [d for d in pool if alike(d, j)]
             if hits:
                 kind = ("that train" if j.trains else "frozen") if why == "alike" else why
-                j.seconds = sum(d.seconds for d in hits) / len(hits)
+                j.seconds = sum(d.cost.total(j.evals) if d.cost else d.seconds for d in hits) / len(hits)
                 j.estimated_from = f"{len(hits)} of {whose} runs, {kind}"
                 break
 

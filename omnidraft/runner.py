@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
 from omnidraft import state as state_io
-from omnidraft.config import TaskConfig, check_schema, target_defaults, task_defaults, task_templates
+from omnidraft.config import TaskConfig, check_schema, evaluation_points, target_defaults, task_defaults, task_templates
 from omnidraft.core.certify import certify
 from omnidraft.core.decode import generate
 from omnidraft.core.verifiers import TraceVerifier, rows_at_end
@@ -1095,14 +1095,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
         evals: list[int] = []
         if train_test:
-            n, ev = len(train_records), int(cfg.train_test.eval_every)
+            n = len(train_records)
             done = {r["eval/at"] for r in rows if r.get("phase") == "test"}
-            at = {0, n, *(range(ev, n, ev) if ev else ())}
-            if not cfg.train_test.eval_at_start and sess.learns() and n > 0:
-                at.discard(0)  # after training only: what the tables report
-            evals = sorted(at - done)
+            evals = [e for e in evaluation_points(n, int(cfg.train_test.eval_every), bool(cfg.train_test.eval_at_start),
+                                                  sess.learns()) if e not in done]
             if not sess.learns():  # frozen (spd_dm, sd, pld): the train stream cannot change the test set's
-                stream, stream_first, evals = [], [], [e for e in evals if e == 0]
+                stream, stream_first = [], []
                 skipped["train"] = (f"frozen: nothing learns online, so the {n} train prompts cannot change the "
                                     "test prompts' decoding; evaluated once, before them"
                                     + (" (the drafter was distilled offline on them first)" if distilled else ""))

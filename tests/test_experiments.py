@@ -311,3 +311,33 @@ def test_tables_of_any_other_sweep_list_each_run_by_its_own_overrides(tmp_path):
     lines = [ln for ln in md.splitlines() if ln.startswith("| 0 ") or ln.startswith("| 1 ")]
     assert lines[0].startswith("| 0 | method.k=5 | ok | 2 | 0.500 [") and "| 3.50 |" in lines[0]
     assert lines[1].startswith("| 1 | method.k=12 | ok | 2 | 0.850 [") and "| 5.25 |" in lines[1]
+
+
+def test_plan_costs_a_job_by_its_own_number_of_test_evaluations(tmp_path):
+    """A finished train_test run's cost splits into loading, its train stream and one evaluation of
+    the test set; a job that evaluates five times (Figure 2) is costed with five, from train_test runs
+    only (a stream-protocol run of the same row is not alike)."""
+    from omnidraft.config import evaluation_points
+    from omnidraft.plan import Job, estimate, run_cost
+
+    assert evaluation_points(100, 25, True, True) == [0, 25, 50, 75, 100]
+    assert evaluation_points(100, 0, False, True) == [100] and evaluation_points(100, 25, False, False) == [0]
+
+    def finished(name: str, rows: list[dict]) -> Job:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "summary.json").write_text(json.dumps({"status": "ok", "time/load_s": 6.0}))
+        cost = run_cost(d)[0]
+        return Job([], d, name, "hybrid", "gsm8k", True, "t", status="done", seconds=cost.total(), cost=cost)
+
+    test = [{"phase": "test", "eval/at": at, "sd/wall_s": 3.0} for at in (0, 4) for _ in range(2)]
+    train = [{"phase": "train", "sd/wall_s": 10.0, "adapt/update_s": 2.0} for _ in range(4)]
+    tt = finished("tt", test + train)
+    assert (tt.cost.fixed, tt.cost.stream, tt.cost.per_eval, tt.cost.evals) == (6.0, 48.0, 6.0, 2)
+    stream = finished("stream", [{"sd/wall_s": 1.0}])
+    jobs = [Job([], tmp_path / "a", "a", "hybrid", "gsm8k", True, "t", evals=5),
+            Job([], tmp_path / "b", "b", "hybrid", "gsm8k", True, "t", evals=None)]
+    estimate(jobs, [tt, stream])
+    assert jobs[0].seconds == pytest.approx(6.0 + 48.0 + 5 * 6.0) and jobs[0].estimated_from.startswith("1 of")
+    assert jobs[1].seconds == pytest.approx(7.0)  # a stream job from the stream run

@@ -36,7 +36,9 @@ def _rows(d: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("protocol")
-    return tmp, run(_cfg(tmp, "live", *PROTOCOL))
+    # one thread, as the runs compared with it pin: their losses are compared exactly, and an earlier
+    # run in this process may have set torch's thread count (threads=N is process-wide)
+    return tmp, run(_cfg(tmp, "live", *PROTOCOL, "threads=1"))
 
 
 def test_train_test_adapts_on_train_and_evaluates_frozen_on_test(live):
@@ -132,7 +134,7 @@ def test_cut_during_an_evaluation_and_resumed_equals_the_uninterrupted_run(live,
     from test_runner import run_until_crash
 
     tmp, _ = live
-    over = (*PROTOCOL, "checkpoint_every=1")
+    over = (*PROTOCOL, "checkpoint_every=1", "threads=1")
     run_until_crash(monkeypatch, _cfg(tmp_path, "cut", *over), at_row=7)  # rows: test@0 x3, train x2, test@2 ...
     s = run(_cfg(tmp_path, "cut", *over, "resume=true"))
     assert s["resumed_at"] == 2
