@@ -243,7 +243,7 @@ def build_bridge(draft_tok, target_tok, cache_dir: Path | None = None) -> VocabB
         d2t = _build_d2t(db, ds, tb, ts, byte_piece_ids(target_tok))
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per writer: processes share the cache
             save_file({"d2t": d2t.contiguous()}, str(tmp), metadata={"key": key})
             os.replace(tmp, path)
     return VocabBridge(d2t, db, tb, ds, ts, key, byte_piece_ids(draft_tok))
