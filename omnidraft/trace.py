@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -534,6 +535,14 @@ def run_trace(cfg: DictConfig) -> dict[str, Any]:
                                  f"task data changed; trace into another trace.out_dir (or delete {out})")
         _check_context(target, r.id, len(first[i]), n_new)
 
+    todo = [i for i, r in enumerate(records) if any((off + i, k) not in have for k in range(len(r.turns)))]
+    if saved is not None and not todo and lines_path.exists() and lines_path.stat().st_size == good:
+        # complete: nothing is written (no empty segment in meta.json, the last run's summary and rows kept)
+        print(f"omnidraft: trace: {out} already holds all {len(records)} prompts of this stream; nothing to add",
+              file=sys.stderr)
+        return {"status": "ok", "trace_dir": str(out), "n_lines": len(done), "n_added": 0, "n_records": len(records),
+                "resumed_at": len(done), "complete": True}
+
     ctx = RunContext(cfg, command_overrides(cfg))
     if saved is not None:
         if lines_path.exists() and lines_path.stat().st_size > good:
@@ -561,7 +570,6 @@ def run_trace(cfg: DictConfig) -> dict[str, Any]:
 
     complete = sum(all((off + i, k) in have for k in range(len(r.turns))) for i, r in enumerate(records))
     with ctx.finishing(summary_of), open(lines_path, "a", encoding="utf-8") as f:
-        todo = [i for i, r in enumerate(records) if any((off + i, k) not in have for k in range(len(r.turns)))]
         for i in todo[: int(cfg.warmup_prompts)]:  # warm-up (allocator, kernels): not recorded
             generate(target.model, first[i], drafter=None, max_new_tokens=16, eos_ids=target.eos_ids)
         bar = tqdm(total=len(records), initial=complete, desc=f"trace {cfg.target.name} {t.name}", unit="prompt",

@@ -90,7 +90,10 @@ def test_cut_and_extended_trace_equals_uninterrupted(traced, tmp_path):
     assert [g["start"] for g in meta["segments"]] == [0, 2, 3]
     rows = (tmp_path / "run_tr" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["prompt/index"] for x in rows] == list(range(5))
-    assert _trace(tmp_path, "task.limit=5")["n_added"] == 0  # complete: nothing to do
+    before = {n: (tmp_path / n).read_bytes() for n in ("tr/meta.json", "tr/trace.jsonl", "run_tr/summary.json")}
+    again = _trace(tmp_path, "task.limit=5")  # complete: nothing to do, and nothing is written
+    assert again["status"] == "ok" and again["n_added"] == 0 and again["n_lines"] == 5 and again["complete"]
+    assert {n: (tmp_path / n).read_bytes() for n in before} == before
 
 
 def test_changed_config_is_refused_before_loading(traced):
