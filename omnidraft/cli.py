@@ -341,12 +341,13 @@ def _learns_online(cfg) -> bool:
 def _evaluations(cfg) -> int | None:
     """How many frozen test evaluations a ``protocol=train_test`` run of ``cfg`` makes (None for other
     protocols), as the runner schedules them (:func:`omnidraft.config.evaluation_points`)."""
-    from omnidraft.config import evaluation_points
+    from omnidraft.config import decoding_learns, evaluation_points
 
     if cfg.get("protocol") != "train_test":
         return None
     t = cfg.train_test
-    return len(evaluation_points(int(t.train_limit), int(t.eval_every), bool(t.eval_at_start), _learns_online(cfg)))
+    return len(evaluation_points(int(t.train_limit), int(t.eval_every), bool(t.eval_at_start),
+                                 decoding_learns(cfg.method)))
 
 
 def _seed_independent(cfg) -> bool:

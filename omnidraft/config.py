@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import math
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -115,6 +116,24 @@ class TrainTestConfig:
     eval_every: int = in_range(0, default=100)  # 0: before and after training only
     # evaluate before training too (the dynamics' first point); a frozen method's one evaluation is always there
     eval_at_start: bool = True
+
+
+def decoding_learns(method: Mapping[str, Any]) -> bool:
+    """Whether decoding a prompt can change how later prompts are drafted, from the method config
+    alone, as :meth:`omnidraft.runner.Session.learns` finds it on a built session: transformers'
+    assisted generation (its heuristic draft length), or a model drafter with an online learner
+    (``adapt.enabled``), a draft-length schedule that carries over (``heuristic``, ``cost``), an
+    acceptance head that trains, or an n-gram cache that learns."""
+    if method.get("engine") == "hf_assisted":
+        return True
+    if method.get("drafts_with") != "model":
+        return False
+    drafter = method.get("drafter") or {}
+    ngram = str(drafter.get("_target_", "")).endswith(".NgramDrafter") and bool(drafter.get("learn"))
+    dl = method.get("draft_length")
+    policy = dl.get("policy") if dl is not None else "fixed"
+    moves = policy in ("heuristic", "cost") or (policy == "head" and bool(dl.get("head_learn", True)))
+    return bool((method.get("adapt") or {}).get("enabled")) or moves or ngram
 
 
 def evaluation_points(n_train: int, eval_every: int, at_start: bool, learns: bool) -> list[int]:

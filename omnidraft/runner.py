@@ -649,11 +649,10 @@ class Session:
         return row
 
     def learns(self) -> bool:
-        """Whether decoding can change what later prompts see: an online learner, an acceptance head,
-        an n-gram cache that grows, a draft-length schedule that moves, transformers' heuristic."""
-        from omnidraft.learn.draft_length import FixedK
-
-        return self.hf is not None or not all(isinstance(o, FixedK) for o in self.observers)
+        """Whether decoding can change what later prompts see: an online learner, an acceptance head
+        that trains, an n-gram cache that grows, a draft-length schedule that carries over (each
+        observer's ``learns``), transformers' heuristic."""
+        return self.hf is not None or any(getattr(o, "learns", True) for o in self.observers)
 
     @contextlib.contextmanager
     def paused(self):

@@ -536,8 +536,11 @@ def run_trace(cfg: DictConfig) -> dict[str, Any]:
         _check_context(target, r.id, len(first[i]), n_new)
 
     todo = [i for i, r in enumerate(records) if any((off + i, k) not in have for k in range(len(r.turns)))]
-    if saved is not None and not todo and lines_path.exists() and lines_path.stat().st_size == good:
-        # complete: nothing is written (no empty segment in meta.json, the last run's summary and rows kept)
+    if saved is not None and not todo and lines_path.exists() and lines_path.stat().st_size == good \
+            and saved["identity"] == ident:
+        # complete, its identity current: nothing is written (no empty segment in meta.json, the last run's
+        # summary and rows kept; by default the run directory is the trace's). An identity to refresh (a key
+        # newer code records, a moved task file) goes the usual way and is rewritten.
         print(f"omnidraft: trace: {out} already holds all {len(records)} prompts of this stream; nothing to add",
               file=sys.stderr)
         return {"status": "ok", "trace_dir": str(out), "n_lines": len(done), "n_added": 0, "n_records": len(records),

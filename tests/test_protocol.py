@@ -202,3 +202,19 @@ def test_eval_at_start_false_evaluates_after_training_only(tmp_path):
     # a frozen method's one evaluation stays (before the train stream it skips)
     s = run(_cfg(tmp_path, "frozen", *PROTOCOL, "method=spd_dm", "train_test.eval_at_start=false"))
     assert s["eval/at"] == 0 and "frozen" in s["train/skipped"]
+
+
+@pytest.mark.parametrize("over", [["method=ar"], ["method=pld"], ["method=spd_dm"], ["method=osd"], ["method=omnidraft"],
+                                  ["ablation=cache_pp"], ["method=spd_dm", "method.draft_length.policy=heuristic"],
+                                  ["method=spd_dm", "method.draft_length.policy=confidence"],
+                                  ["method=spd_dm", "method.draft_length.policy=head"], ["method=omnidraft_pl"], ["ablation=heuristic_k"],
+                                  ["method=uag"]])
+def test_the_config_says_whether_decoding_learns_as_the_built_session_does(tmp_path, over):
+    """``omnidraft plan`` counts a run's test evaluations from its config alone
+    (:func:`omnidraft.config.decoding_learns`); the runner schedules them from the built session
+    (``Session.learns``): the two agree on every kind of method."""
+    from omnidraft.config import decoding_learns
+    from omnidraft.runner import Session
+
+    cfg = _cfg(tmp_path, "r", *over)
+    assert decoding_learns(cfg.method) == Session(cfg).learns()

@@ -122,6 +122,11 @@ class HeadLearner:
         self._pred_sum = self._obs_sum = self._debiased_sum = 0.0
         self._n = 0
 
+    @property
+    def learns(self) -> bool:
+        """Whether what it observes changes later drafting (Session.learns): a frozen head only records."""
+        return self.learn
+
     def start(self, prompt_ids: list[int]) -> None:
         pass
 

@@ -32,6 +32,8 @@ from omnidraft.learn.acceptance_head import AcceptanceHead
 class FixedK(FixedLength):
     """Always the step's budget (k)."""
 
+    learns = False  # whether what it observes changes later drafting (Session.learns): a moving schedule does
+
     def start(self, prompt_ids: list[int]) -> None:
         pass
 
@@ -54,6 +56,8 @@ class FixedK(FixedLength):
 
 class HeuristicK(FixedK):
     """transformers' schedule for assisted generation: +2 after full acceptance, -1 otherwise."""
+
+    learns = True  # k carries over from prompt to prompt
 
     def __init__(self, k_start: int = 5, k_min: int = 1, k_max: int = 16):
         self.k, self.k_min, self.k_max = int(k_start), int(k_min), int(k_max)
@@ -142,6 +146,8 @@ class CostK(FixedK):
         explore_every: steps between full-budget steps (0: never).
         prior: the acceptance probability the counts start from.
     """
+
+    learns = True  # its acceptance counts carry over from prompt to prompt
 
     def __init__(self, target_s, drafter_s, k_max: int = 16, explore_every: int = 8, prior: float = 0.5):
         if not 0.0 < float(prior) < 1.0:
