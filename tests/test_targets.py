@@ -57,7 +57,8 @@ def _adapters(sess: Session) -> list[torch.Tensor]:
 def switched(tmp_path_factory):
     """A -> B -> A over 6 GSM8K prompts (switches at 2 and 4), omnidraft with LoRA, ar on every prompt."""
     tmp = tmp_path_factory.mktemp("targets")
-    return tmp, run(_cfg(tmp, "switch", *SWITCH, *SHARED, *LORA, "checkpoint_every=1"))
+    # one thread, as the runs compared with it exactly pin (threads=N is process-wide: an earlier run may have set it)
+    return tmp, run(_cfg(tmp, "switch", *SWITCH, *SHARED, *LORA, "checkpoint_every=1", "threads=1"))
 
 
 def test_a_switching_stream_is_lossless_on_every_target(switched):
@@ -249,7 +250,7 @@ def test_a_switching_stream_resumes_like_an_uninterrupted_one(switched, tmp_path
     from test_runner import run_until_crash
 
     tmp, _ = switched
-    over = (*SWITCH, *SHARED, *LORA, "checkpoint_every=1")
+    over = (*SWITCH, *SHARED, *LORA, "checkpoint_every=1", "threads=1")
     run_until_crash(monkeypatch, _cfg(tmp_path, "cut", *over), at_row=4)
     s = run(_cfg(tmp_path, "cut", *over, "resume=true"))
     assert s["resumed_at"] == 3
