@@ -156,10 +156,11 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
     then ``others`` (:func:`finished_runs`: other tables' at the same scale). A ``protocol=train_test``
     job is costed from runs that evaluated a test set (until the last tier), and each counts with the
     job's own number of test evaluations (Figure 2 evaluates five times, a table cell once)."""
-    own = [j for j in jobs if j.status == "done" and j.seconds and not j.note.startswith("copied")]
-    rest = [o for o in others if o.seconds and all(o.run_dir.resolve() != j.run_dir.resolve() for j in own)]
+    own = [j for j in jobs if j.status == "done" and j.cost and j.seconds and not j.note.startswith("copied")]
+    rest = [o for o in others if o.cost and o.seconds and all(o.run_dir.resolve() != j.run_dir.resolve() for j in own)]
+
     def protocol(d: Job, j: Job) -> bool:  # train_test runs (test evaluations) are costed from their like
-        return d.cost is None or (d.cost.evals > 0) == (j.evals is not None)
+        return (d.cost.evals > 0) == (j.evals is not None)
 
     tiers = (("same row, task and target",
               lambda d, j: d.row == j.row and d.task == j.task and d.target == j.target and protocol(d, j)),
@@ -173,7 +174,7 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
             hits = [d for d in pool if alike(d, j)]
             if hits:
                 kind = ("that train" if j.trains else "frozen") if why == "alike" else why
-                j.seconds = sum(d.cost.total(j.evals) if d.cost else d.seconds for d in hits) / len(hits)
+                j.seconds = sum(d.cost.total(j.evals) for d in hits) / len(hits)
                 j.estimated_from = f"{len(hits)} of {whose} runs, {kind}"
                 break
 

@@ -299,12 +299,16 @@ def _verified_once(d: str, stamp: tuple) -> bool:
     return True
 
 
+def _stamp(d: Path) -> tuple:
+    """The version of cache entry ``d``'s files: each one's name, modification time and size."""
+    return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in d.iterdir() if p.is_file()))
+
+
 def _verified(d: Path, marker: Path) -> bool:
     """Whether cache entry ``d`` holds every file its marker records, each of the recorded size and
     sha256 (hashed once per process and modification time)."""
     try:
-        stamp = tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in d.iterdir() if p.is_file()))
-        return marker.is_file() and _verified_once(str(d), stamp)
+        return marker.is_file() and _verified_once(str(d), _stamp(d))
     except (OSError, ValueError):
         return False
 
@@ -336,20 +340,18 @@ def load_vocab_tokenizer(key: str, cache_dir: Path):
     return _loaded_tokenizer(saved)
 
 
-_TOKENIZERS: dict[tuple, Any] = {}
-
-
 def _loaded_tokenizer(saved: Path):
     """The tokenizer saved in ``saved``, loaded once per process and per version of its files (a
     150k vocabulary takes seconds to load, and every tiny model and test asks again). The instance
     is shared: callers that change it (``add_tokens``) work on a ``copy.deepcopy``."""
+    return _tokenizer_once(str(saved), _stamp(saved))
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_once(saved: str, stamp: tuple):
     from transformers import AutoTokenizer
 
-    stamp = (str(saved), tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size)
-                                      for p in saved.iterdir() if p.is_file())))
-    if stamp not in _TOKENIZERS:
-        _TOKENIZERS[stamp] = AutoTokenizer.from_pretrained(saved)
-    return _TOKENIZERS[stamp]
+    return AutoTokenizer.from_pretrained(saved)
 
 
 def build_tiny(t: Mapping[str, Any], cache_dir: Path, dtype: torch.dtype):
