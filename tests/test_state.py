@@ -70,3 +70,19 @@ def test_a_state_written_before_the_weights_file_existed_still_loads(tmp_path):
     save_file(old.tensors, str(path / state_io.TENSORS))  # one file for every tensor
     (path / state_io.META).write_text('{"next_index": 1}')
     assert _same(state_io.load(path).tensors, old.tensors)
+
+
+def test_the_finiteness_check_flags_nan_inf_and_an_overflowing_sum_in_each_tensor():
+    from omnidraft.learn.online import _all_finite
+
+    ok = [torch.randn(5, 3), torch.randn(7, dtype=torch.bfloat16), torch.zeros(0)]
+    assert state_io.finite_each(ok) == [True, True, True] and _all_finite(ok)
+    assert state_io.finite_each([]) == [] and _all_finite([])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        ts = [t.clone() for t in ok]
+        ts[1][4] = bad  # one element of the bfloat16 tensor
+        assert state_io.finite_each(ts) == [True, False, True], bad
+        assert not _all_finite(ts)
+    both = torch.tensor([1.0, float("inf"), -float("inf")])  # their sum is NaN, not a finite 0
+    big = torch.full((4,), 3e38)  # finite elements, a sum beyond float32's range
+    assert state_io.finite_each([both, big, ok[0]]) == [False, False, True]

@@ -33,7 +33,7 @@ from omnidraft.learn.buffer import Example, batches, make_example
 from omnidraft.learn.lora import merge_lora_into, with_lora
 from omnidraft.learn.losses import LOSSES, hybrid_loss, lifted_log_probs, ngram_nll
 from omnidraft.learn.training import draft_logits
-from omnidraft.state import learner_part, load_optimizer_state, optimizer_state, rng_state, set_rng_state
+from omnidraft.state import finite_each, learner_part, load_optimizer_state, optimizer_state, rng_state, set_rng_state
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -370,13 +370,6 @@ def _buffer_of(tensors: dict[str, torch.Tensor], meta: dict) -> list[Example]:
 
 
 def _all_finite(tensors) -> bool:
-    """Whether every element of every tensor is finite, in one host sync for all of them.
-
-    Read from each tensor's sum, which is NaN or infinite whenever an element is (inf - inf is
-    NaN); a tensor of finite elements whose sum overflows (beyond ~3.4e38, float32's and bfloat16's
-    range) counts as not finite too: a gradient or weight that large has diverged all the same.
-    One read of each tensor and no boolean copy: on a CPU core ~10x faster than ``isfinite`` over
-    a 135M-parameter drafter's gradients, which every mini-batch of a full fine-tune checks.
-    """
-    sums = [t.detach().sum(dtype=torch.float32) for t in tensors]
-    return bool(torch.isfinite(torch.stack(sums)).all()) if sums else True
+    """Whether every element of every tensor is finite, in one host sync for all of them
+    (:func:`omnidraft.state.finite_each`, which every mini-batch of an update calls on the gradients)."""
+    return all(finite_each(list(tensors)))
