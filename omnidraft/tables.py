@@ -929,34 +929,50 @@ def _wall(rows: list[dict[str, Any]]) -> float:
 
 
 def replay_check_table(results: Path) -> str:
-    """``results/replay_check/``: the ``live`` run against every other run there (replays of it).
+    """``results/replay_check/``: the ``live`` run against every other run there (replays of it),
+    then every pair of those others (a replay on two CPUs or thread counts: machine independence).
 
     One row per run: how many prompts and steps it reproduces, identical outputs, the updates'
-    largest relative loss difference, its decoding + update seconds, speedups, CPU and threads.
+    largest relative loss difference, its acceptance, its decoding + update seconds, speedups, CPU
+    and threads; one row per pair of the other runs: the same comparison between the two.
     """
     base = results / "replay_check"
     if not (base / "live" / "metrics.jsonl").is_file():
         raise OmniDraftError(f"tables replay_check compares runs with {base / 'live'}, which holds no metrics.jsonl: "
                              "run the live stream there first (hydra.run.dir=<results>/replay_check/live)")
     live = read_rows(base / "live")
-    head = ["run", "engine", "prompts", "prompts with identical steps", "identical steps", "identical outputs",
-            "updates", "max loss rel diff", "decode+update s", "speedup", "CPU", "threads"]
+
+    def compared(c: dict[str, Any]) -> list[str]:
+        return [str(c["prompts"]), f"{c['prompts_same_steps']}/{c['prompts']}", f"{c['steps_same']}/{c['steps']}",
+                f"{c['outputs_same']}/{c['prompts']}", str(c["updates"]), f"{c['loss_max_rel_diff']:.1e}"]
+
+    same = ["prompts", "prompts with identical steps", "identical steps", "identical outputs", "updates",
+            "max loss rel diff"]
+    head = ["run", "engine", *same, "acceptance", "decode+update s", "speedup", "CPU", "threads"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for d in sorted(p for p in base.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists()):
-        rows, summ = read_rows(d), read_summary(d)
-        c = compare_runs(live, rows)
+    runs = sorted(p for p in base.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists())
+    rows_of = {d.name: read_rows(d) for d in runs}
+    for d in runs:
+        rows, summ = rows_of[d.name], read_summary(d)
         prov = summ.get("provenance") or {}
         replayed = summ.get("engine") == "replay"
         sp = summ.get("speed/modelled_speedup") if replayed else summ.get("speed/speedup")
         speed = "-" if sp is None else f"{sp:.2f}x" + (" (modelled)" if replayed else "")
+        acc = acceptance(rows)
         lines.append("| " + " | ".join([
-            d.name, str(summ.get("engine", "live")), str(c["prompts"]),
-            f"{c['prompts_same_steps']}/{c['prompts']}", f"{c['steps_same']}/{c['steps']}",
-            f"{c['outputs_same']}/{c['prompts']}", str(c["updates"]), f"{c['loss_max_rel_diff']:.1e}",
-            f"{_wall(rows):.1f}", speed,
+            d.name, str(summ.get("engine", "live")), *compared(compare_runs(live, rows)),
+            "-" if acc is None else f"{acc:.4f}", f"{_wall(rows):.1f}", speed,
             str(prov.get("cpu_capability", "?")), str(prov.get("torch_threads", "?"))]) + " |")
-    return ("Replay against the live run (`live`): per-step (proposed, accepted), outputs and update losses, "
+    text = ("Replay against the live run (`live`): per-step (proposed, accepted), outputs and update losses, "
             "matched by prompt.\n\n" + "\n".join(lines) + "\n")
+    others = [d.name for d in runs if d.name != "live"]
+    pairs = [(a, b) for i, a in enumerate(others) for b in others[i + 1:]]
+    if pairs:
+        lines = ["| run | against | " + " | ".join(same) + " |", "|" + "---|" * (2 + len(same))]
+        lines += ["| " + " | ".join([a, b, *compared(compare_runs(rows_of[a], rows_of[b]))]) + " |" for a, b in pairs]
+        text += ("\nThe other runs against each other (the same run on another CPU or thread count: whether its "
+                 "figures depend on the machine).\n\n" + "\n".join(lines) + "\n")
+    return text
 
 
 def render(group: str, results: Path) -> str:
