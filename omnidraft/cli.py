@@ -296,7 +296,7 @@ def _plan(argv: list[str]) -> None:
                 frozen = _seed_independent(cfg)
                 row = next((o.split("=", 1)[1] for o in job if o.startswith("row=")), None)
                 j = Job(job, run_dir, name, row, str(cfg.task.name), trains=not frozen, target=str(cfg.target.name),
-                        evals=_evaluations(cfg))
+                        evals=_evaluations(cfg), engine=str(cfg.get("engine") or "live"), **_prompt_counts(cfg))
                 stands = int(cfg.get("seed", 0)) != 0 and frozen
                 # the sweep copies a shared cell unless the job finished or has a state to resume
                 src = None if stands or summary_of(run_dir).get("status") == "ok" or (run_dir / "state" / "meta.json").is_file() \
@@ -348,6 +348,18 @@ def _evaluations(cfg) -> int | None:
     t = cfg.train_test
     return len(evaluation_points(int(t.train_limit), int(t.eval_every), bool(t.eval_at_start),
                                  decoding_learns(cfg.method)))
+
+
+def _prompt_counts(cfg) -> dict[str, int | None]:
+    """The prompts a run of ``cfg`` decodes: its stream's (``protocol=train_test``: the train prompts,
+    none when nothing learns online) and one test evaluation's (train_test only); None: unknown."""
+    from omnidraft.config import decoding_learns
+
+    limit = cfg.task.get("limit")
+    if cfg.get("protocol") != "train_test":
+        return {"stream_prompts": None if limit is None else int(limit), "test_prompts": None}
+    return {"stream_prompts": int(cfg.train_test.train_limit) if decoding_learns(cfg.method) else 0,
+            "test_prompts": None if limit is None else int(limit)}
 
 
 def _seed_independent(cfg) -> bool:

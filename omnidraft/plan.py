@@ -34,10 +34,16 @@ class Cost:
     stream: float = 0.0
     per_eval: float = 0.0
     evals: int = 0
+    n_stream: int = 0  # rows (prompt turns) of its stream
+    n_test: int = 0  # rows of one evaluation
 
-    def total(self, evals: int | None = None) -> float:
-        """Its cost with ``evals`` evaluations (None: as many as it ran)."""
-        return self.fixed + self.stream + self.per_eval * (self.evals if evals is None else evals)
+    def total(self, evals: int | None = None, stream_prompts: int | None = None,
+              test_prompts: int | None = None) -> float:
+        """Its cost with ``evals`` evaluations (None: as many as it ran), each part scaled to
+        ``stream_prompts`` and ``test_prompts`` where given (per prompt as measured here)."""
+        stream = self.stream if stream_prompts is None or not self.n_stream else self.stream / self.n_stream * stream_prompts
+        per_eval = self.per_eval if test_prompts is None or not self.n_test else self.per_eval / self.n_test * test_prompts
+        return self.fixed + stream + per_eval * (self.evals if evals is None else evals)
 
 
 @dataclass
@@ -57,6 +63,9 @@ class Job:
     note: str = ""
     evals: int | None = None  # the test evaluations its config runs (None: as many as the runs it is costed from)
     cost: Cost | None = None  # measured, for a finished run
+    engine: str | None = None  # live or replay
+    stream_prompts: int | None = None  # prompts its stream decodes (train_test: the train prompts, 0 if frozen)
+    test_prompts: int | None = None  # prompts of one test evaluation (train_test only)
 
 
 def override_dirname(job: list[str], exclude: list[str], kv_sep: str = "=", item_sep: str = ",") -> str:
@@ -76,17 +85,20 @@ def run_cost(run_dir: Path) -> tuple[Cost, int]:
     baseline where a row ran it), by part (:class:`Cost`), and how many rows it logged."""
     rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     cost = Cost()
-    test = 0.0
+    test, n_test = 0.0, 0
     points = set()
     for r in rows:
         t = float(r.get("sd/wall_s") or 0.0) + float(r.get("adapt/update_s") or 0.0) + float(r.get("ar/wall_s") or 0.0)
         if r.get("phase") == "test":
             test += t
+            n_test += 1
             points.add(r.get("eval/at"))
         else:
             cost.stream += t
+            cost.n_stream += 1
     cost.evals = len(points)
     cost.per_eval = test / len(points) if points else 0.0
+    cost.n_test = round(n_test / len(points)) if points else 0
     summary = summary_of(run_dir)
     distill = summary.get("train/distill") or {}  # DistillSpec under train_test: its offline distillation
     cost.fixed = float(summary.get("time/load_s") or 0.0) + float(distill.get("distill/data_s") or 0.0) \
@@ -145,7 +157,7 @@ def finished_runs(paper_dir: Path, scale: str) -> list[Job]:
         cost = run_cost(f.parent)[0]
         out.append(Job([], f.parent, f.parent.name, ch.get("row"), ch.get("task") or s.get("task"),
                        "train/skipped" not in s, ch.get("target") or s.get("target"), status="done",
-                       seconds=cost.total(), cost=cost))
+                       seconds=cost.total(), cost=cost, engine=s.get("engine")))
     return out
 
 
@@ -155,26 +167,33 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
     same row, else those that train (or are frozen) alike; at each step the sweep's own runs first,
     then ``others`` (:func:`finished_runs`: other tables' at the same scale). A ``protocol=train_test``
     job is costed from runs that evaluated a test set (until the last tier), and each counts with the
-    job's own number of test evaluations (Figure 2 evaluates five times, a table cell once)."""
+    job's own number of test evaluations (Figure 2 evaluates five times, a table cell once). Runs
+    are taken from the same engine (a live run verifies every step with the target and a replay does
+    not) but in the last tier, which says so, and their parts are scaled to the job's own numbers of
+    stream and test prompts."""
     own = [j for j in jobs if j.status == "done" and j.cost and j.seconds and not j.note.startswith("copied")]
     rest = [o for o in others if o.cost and o.seconds and all(o.run_dir.resolve() != j.run_dir.resolve() for j in own)]
 
-    def protocol(d: Job, j: Job) -> bool:  # train_test runs (test evaluations) are costed from their like
-        return (d.cost.evals > 0) == (j.evals is not None)
+    def like(d: Job, j: Job) -> bool:  # train_test runs (test evaluations) are costed from their like, on one engine
+        return (d.cost.evals > 0) == (j.evals is not None) and (d.engine or "live") == (j.engine or "live")
 
     tiers = (("same row, task and target",
-              lambda d, j: d.row == j.row and d.task == j.task and d.target == j.target and protocol(d, j)),
-             ("same row and task", lambda d, j: d.row == j.row and d.task == j.task and protocol(d, j)),
-             ("same row", lambda d, j: d.row == j.row and protocol(d, j)),
-             ("alike", lambda d, j: d.trains == j.trains))
+              lambda d, j: d.row == j.row and d.task == j.task and d.target == j.target and like(d, j)),
+             ("same row and task", lambda d, j: d.row == j.row and d.task == j.task and like(d, j)),
+             ("same row", lambda d, j: d.row == j.row and like(d, j)),
+             ("alike", lambda d, j: d.trains == j.trains and like(d, j)),
+             ("another engine", lambda d, j: d.trains == j.trains))
     for j in jobs:
         if j.status not in ("to run", "partial", "failed"):
             continue
         for (why, alike), (pool, whose) in ((t, p) for t in tiers for p in ((own, "this sweep's"), (rest, "other tables'"))):
             hits = [d for d in pool if alike(d, j)]
             if hits:
-                kind = ("that train" if j.trains else "frozen") if why == "alike" else why
-                j.seconds = sum(d.cost.total(j.evals) for d in hits) / len(hits)
+                kind = ("that train" if j.trains else "frozen") if why in ("alike", "another engine") else why
+                if why == "another engine":
+                    kind += f", all {'/'.join(sorted({d.engine or 'live' for d in hits}))}: this job runs " \
+                            f"{j.engine or 'live'}, so the estimate is rough"
+                j.seconds = sum(d.cost.total(j.evals, j.stream_prompts, j.test_prompts) for d in hits) / len(hits)
                 j.estimated_from = f"{len(hits)} of {whose} runs, {kind}"
                 break
 

@@ -341,3 +341,37 @@ def test_plan_costs_a_job_by_its_own_number_of_test_evaluations(tmp_path):
     estimate(jobs, [tt, stream])
     assert jobs[0].seconds == pytest.approx(6.0 + 48.0 + 5 * 6.0) and jobs[0].estimated_from.startswith("1 of")
     assert jobs[1].seconds == pytest.approx(7.0)  # a stream job from the stream run
+
+
+def test_plan_costs_a_job_from_runs_on_its_engine_scaled_to_its_own_prompts(tmp_path):
+    """A live job is costed from live runs (a replay does not run the target), per prompt of its own
+    stream and test set; with no run on its engine it falls back to the others and says so."""
+    from omnidraft.plan import Job, estimate, run_cost
+
+    def finished(name: str, engine: str, train_s: float) -> Job:
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"phase": "train", "sd/wall_s": train_s} for _ in range(4)]
+        rows += [{"phase": "test", "eval/at": 4, "sd/wall_s": 1.0} for _ in range(2)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "summary.json").write_text(json.dumps({"status": "ok", "time/load_s": 5.0}))
+        cost = run_cost(d)[0]
+        return Job([], d, name, "hybrid", "gsm8k", True, "t", status="done", seconds=cost.total(), cost=cost,
+                   engine=engine)
+
+    replay, live = finished("replay", "replay", 10.0), finished("live", "live", 40.0)
+    assert (live.cost.n_stream, live.cost.n_test, live.cost.stream, live.cost.per_eval) == (4, 2, 160.0, 2.0)
+
+    def job(name: str, engine: str) -> Job:
+        return Job([], tmp_path / name, name, "other_row", "gsm8k", True, "t", evals=1, engine=engine,
+                   stream_prompts=2, test_prompts=6)
+
+    jobs = [job("l", "live"), job("r", "replay")]
+    estimate(jobs, [replay, live])
+    assert jobs[0].seconds == pytest.approx(5.0 + 2 * 40.0 + 6 * 1.0)  # the live run, per prompt
+    assert jobs[1].seconds == pytest.approx(5.0 + 2 * 10.0 + 6 * 1.0)  # the replay
+    assert "another engine" not in jobs[0].estimated_from
+    lone = [job("l2", "live")]
+    estimate(lone, [replay])
+    assert lone[0].seconds == pytest.approx(5.0 + 2 * 10.0 + 6 * 1.0)
+    assert "all replay: this job runs live" in lone[0].estimated_from
