@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 28, machine independence in bfloat16: the real-model replay check (SmolLM2-135M ->
 # Qwen2.5-Coder-0.5B, 10 GSM8K prompts, 48 tokens, omnidraft with an update every 2 prompts; the
-# fp32 one is results/replay_check/) with both models in bf16: a bf16 trace, the live run, and
-# replays at 1 and 2 torch threads, each compared step by step with the live run by
+# fp32 one is results/replay_check/) with both models in bf16: a bf16 trace, the live run (which also
+# times ar on every prompt), and replays (batched rows) at 1 and 2 torch threads, compared step by step
+# with the live run and with each other by
 #   omnidraft tables replay_check --results results/bf16    # -> results/bf16/replay_check/table.md
 # Resumable: a finished run is skipped. Needs a CPU with native bf16 (AVX512-BF16 / AMX) to be quick.
 set -euo pipefail
@@ -12,11 +13,13 @@ M=(target=qwen25_coder_05b drafter=smollm2_135m target.dtype=bfloat16 drafter.dt
    task.limit=10 decode.max_new_tokens=48 progress=false)
 TRACE=$OUT/traces/qwen25_coder_05b/gsm8k
 OMP_NUM_THREADS=1 .venv/bin/omnidraft trace "${M[@]}" threads=1 "trace.out_dir=$TRACE"
-CAL=$(ls results/calibration/qwen25_coder_05b-smollm2_135m/*_bfloat16_1t.json 2>/dev/null | head -1 || true)
-if [ -z "$CAL" ]; then
+# this machine's one-thread calibration (made here when missing); the 2-thread replay reads it too: its
+# steps are the point, not its modelled speed
+SLUG=$(.venv/bin/python -c "from omnidraft.calibrate import machine_slug; from omnidraft.provenance import cpu_flags, cpu_name; print(machine_slug('cpu', cpu_name(), cpu_flags()))")
+CAL=results/calibration/qwen25_coder_05b-smollm2_135m/${SLUG}_bfloat16_1t.json
+if [ ! -f "$CAL" ]; then
   OMP_NUM_THREADS=1 .venv/bin/omnidraft calibrate target=qwen25_coder_05b drafter=smollm2_135m \
     target.dtype=bfloat16 drafter.dtype=bfloat16 threads=1 progress=false
-  CAL=$(ls results/calibration/qwen25_coder_05b-smollm2_135m/*_bfloat16_1t.json | head -1)
 fi
 R=(method=omnidraft method.adapt.interval=2 logger=none)
 run() {  # name threads extra...

@@ -34,15 +34,18 @@ class Cost:
     stream: float = 0.0
     per_eval: float = 0.0
     evals: int = 0
-    n_stream: int = 0  # rows (prompt turns) of its stream
-    n_test: int = 0  # rows of one evaluation
+    n_stream: int = 0  # prompts of its stream
+    n_test: int = 0  # prompts of one evaluation
 
     def total(self, evals: int | None = None, stream_prompts: int | None = None,
               test_prompts: int | None = None) -> float:
         """Its cost with ``evals`` evaluations (None: as many as it ran), each part scaled to
         ``stream_prompts`` and ``test_prompts`` where given (per prompt as measured here)."""
-        stream = self.stream if stream_prompts is None or not self.n_stream else self.stream / self.n_stream * stream_prompts
-        per_eval = self.per_eval if test_prompts is None or not self.n_test else self.per_eval / self.n_test * test_prompts
+        stream, per_eval = self.stream, self.per_eval
+        if stream_prompts is not None and self.n_stream:
+            stream = stream / self.n_stream * stream_prompts
+        if test_prompts is not None and self.n_test:
+            per_eval = per_eval / self.n_test * test_prompts
         return self.fixed + stream + per_eval * (self.evals if evals is None else evals)
 
 
@@ -85,20 +88,21 @@ def run_cost(run_dir: Path) -> tuple[Cost, int]:
     baseline where a row ran it), by part (:class:`Cost`), and how many rows it logged."""
     rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     cost = Cost()
-    test, n_test = 0.0, 0
-    points = set()
+    test = 0.0
+    tested, streamed = set(), set()  # (evaluation point, prompt) and (phase, prompt): a prompt's turns are one
     for r in rows:
         t = float(r.get("sd/wall_s") or 0.0) + float(r.get("adapt/update_s") or 0.0) + float(r.get("ar/wall_s") or 0.0)
         if r.get("phase") == "test":
             test += t
-            n_test += 1
-            points.add(r.get("eval/at"))
+            tested.add((r.get("eval/at"), r.get("prompt/index")))
         else:
             cost.stream += t
-            cost.n_stream += 1
+            streamed.add((r.get("phase"), r.get("prompt/index")))
+    points = {at for at, _ in tested}
     cost.evals = len(points)
     cost.per_eval = test / len(points) if points else 0.0
-    cost.n_test = round(n_test / len(points)) if points else 0
+    cost.n_test = round(len(tested) / len(points)) if points else 0
+    cost.n_stream = len(streamed)
     summary = summary_of(run_dir)
     distill = summary.get("train/distill") or {}  # DistillSpec under train_test: its offline distillation
     cost.fixed = float(summary.get("time/load_s") or 0.0) + float(distill.get("distill/data_s") or 0.0) \
@@ -169,30 +173,38 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
     job is costed from runs that evaluated a test set (until the last tier), and each counts with the
     job's own number of test evaluations (Figure 2 evaluates five times, a table cell once). Runs
     are taken from the same engine (a live run verifies every step with the target and a replay does
-    not) but in the last tier, which says so, and their parts are scaled to the job's own numbers of
-    stream and test prompts."""
+    not) but in the last tier, which says so when it mixes them in; a run with no stream (frozen) never
+    costs a job that has one; and their parts are scaled to the job's own numbers of stream and test
+    prompts (a multi-turn prompt's turns count once)."""
     own = [j for j in jobs if j.status == "done" and j.cost and j.seconds and not j.note.startswith("copied")]
     rest = [o for o in others if o.cost and o.seconds and all(o.run_dir.resolve() != j.run_dir.resolve() for j in own)]
 
+    def engine(x: Job) -> str:
+        return x.engine or "live"
+
+    def usable(d: Job, j: Job) -> bool:  # a run with no stream says nothing of a job's stream
+        return d.trains == j.trains and not (j.stream_prompts and not d.cost.n_stream)
+
     def like(d: Job, j: Job) -> bool:  # train_test runs (test evaluations) are costed from their like, on one engine
-        return (d.cost.evals > 0) == (j.evals is not None) and (d.engine or "live") == (j.engine or "live")
+        return (d.cost.evals > 0) == (j.evals is not None) and engine(d) == engine(j) and usable(d, j)
 
     tiers = (("same row, task and target",
               lambda d, j: d.row == j.row and d.task == j.task and d.target == j.target and like(d, j)),
              ("same row and task", lambda d, j: d.row == j.row and d.task == j.task and like(d, j)),
              ("same row", lambda d, j: d.row == j.row and like(d, j)),
-             ("alike", lambda d, j: d.trains == j.trains and like(d, j)),
-             ("another engine", lambda d, j: d.trains == j.trains))
+             ("alike", like),
+             ("alike, another protocol", lambda d, j: engine(d) == engine(j) and usable(d, j)),
+             ("alike, any engine", usable))
     for j in jobs:
         if j.status not in ("to run", "partial", "failed"):
             continue
         for (why, alike), (pool, whose) in ((t, p) for t in tiers for p in ((own, "this sweep's"), (rest, "other tables'"))):
             hits = [d for d in pool if alike(d, j)]
             if hits:
-                kind = ("that train" if j.trains else "frozen") if why in ("alike", "another engine") else why
-                if why == "another engine":
-                    kind += f", all {'/'.join(sorted({d.engine or 'live' for d in hits}))}: this job runs " \
-                            f"{j.engine or 'live'}, so the estimate is rough"
+                kind = why.replace("alike", "that train" if j.trains else "frozen", 1)
+                others = sorted({engine(d) for d in hits} - {engine(j)})
+                if others:  # a live job from replays (the target's verification missing), or the reverse
+                    kind += f", some {'/'.join(others)}: this job runs {engine(j)}, so the estimate is rough"
                 j.seconds = sum(d.cost.total(j.evals, j.stream_prompts, j.test_prompts) for d in hits) / len(hits)
                 j.estimated_from = f"{len(hits)} of {whose} runs, {kind}"
                 break

@@ -930,7 +930,7 @@ def _wall(rows: list[dict[str, Any]]) -> float:
 
 def replay_check_table(results: Path) -> str:
     """``results/replay_check/``: the ``live`` run against every other run there (replays of it),
-    then every pair of those others (a replay on two CPUs or thread counts: machine independence).
+    then every pair of those others (a replay on two CPUs, thread counts or rows modes: machine independence).
 
     One row per run: how many prompts and steps it reproduces, identical outputs, the updates'
     largest relative loss difference, its acceptance, its decoding + update seconds, speedups, CPU
@@ -970,8 +970,8 @@ def replay_check_table(results: Path) -> str:
     if pairs:
         lines = ["| run | against | " + " | ".join(same) + " |", "|" + "---|" * (2 + len(same))]
         lines += ["| " + " | ".join([a, b, *compared(compare_runs(rows_of[a], rows_of[b]))]) + " |" for a, b in pairs]
-        text += ("\nThe other runs against each other (the same run on another CPU or thread count: whether its "
-                 "figures depend on the machine).\n\n" + "\n".join(lines) + "\n")
+        text += ("\nThe other runs against each other (the same run on another CPU, thread count or rows mode: "
+                 "whether its figures depend on them).\n\n" + "\n".join(lines) + "\n")
     return text
 
 

@@ -351,8 +351,9 @@ def test_plan_costs_a_job_from_runs_on_its_engine_scaled_to_its_own_prompts(tmp_
     def finished(name: str, engine: str, train_s: float) -> Job:
         d = tmp_path / name
         d.mkdir()
-        rows = [{"phase": "train", "sd/wall_s": train_s} for _ in range(4)]
-        rows += [{"phase": "test", "eval/at": 4, "sd/wall_s": 1.0} for _ in range(2)]
+        rows = [{"phase": "train", "prompt/index": i, "sd/wall_s": train_s} for i in range(4)]
+        rows += [{"phase": "test", "eval/at": 4, "prompt/index": i, "prompt/turn": t, "sd/wall_s": 0.5}
+                 for i in range(2) for t in range(2)]  # two test prompts of two turns each
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (d / "summary.json").write_text(json.dumps({"status": "ok", "time/load_s": 5.0}))
         cost = run_cost(d)[0]
@@ -370,8 +371,9 @@ def test_plan_costs_a_job_from_runs_on_its_engine_scaled_to_its_own_prompts(tmp_
     estimate(jobs, [replay, live])
     assert jobs[0].seconds == pytest.approx(5.0 + 2 * 40.0 + 6 * 1.0)  # the live run, per prompt
     assert jobs[1].seconds == pytest.approx(5.0 + 2 * 10.0 + 6 * 1.0)  # the replay
-    assert "another engine" not in jobs[0].estimated_from
+    assert jobs[0].estimated_from == jobs[1].estimated_from == "1 of other tables' runs, that train"
     lone = [job("l2", "live")]
     estimate(lone, [replay])
     assert lone[0].seconds == pytest.approx(5.0 + 2 * 10.0 + 6 * 1.0)
-    assert "all replay: this job runs live" in lone[0].estimated_from
+    assert lone[0].estimated_from == ("1 of other tables' runs, that train, any engine, some replay: this job "
+                                      "runs live, so the estimate is rough")

@@ -172,4 +172,3 @@ def test_tree_attention_pass_equals_one_pass_per_example(pair, request):
     assert at == pytest.approx(af, rel=1e-4)
     for a, b in zip(gt, gf):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
-

@@ -86,3 +86,6 @@ def test_the_finiteness_check_flags_nan_inf_and_an_overflowing_sum_in_each_tenso
     both = torch.tensor([1.0, float("inf"), -float("inf")])  # their sum is NaN, not a finite 0
     big = torch.full((4,), 3e38)  # finite elements, a sum beyond float32's range
     assert state_io.finite_each([both, big, ok[0]]) == [False, False, True]
+    half = torch.full((4,), 6e4, dtype=torch.float16)  # finite, its float16 sum would overflow: summed in float32
+    huge = torch.full((2,), 1e300, dtype=torch.float64)  # finite, beyond float32: summed in float64
+    assert state_io.finite_each([half, huge, big.double()]) == [True, True, True]

@@ -174,7 +174,8 @@ def test_replay_check_compares_each_run_with_live_and_the_replays_with_each_othe
     def run(name: str, steps: list[tuple[list[int], list[int]]], losses: list[float | None], engine: str) -> None:
         rows = [{"prompt/index": i, "sd/step_proposed": p, "sd/step_accepted": a, "sd/proposed": sum(p),
                  "sd/accepted": sum(a), "text/output": f"out{i}", "sd/wall_s": 1.0}
-                | ({"adapt/loss": loss} if loss is not None else {}) for i, ((p, a), loss) in enumerate(zip(steps, losses))]
+                | ({"adapt/loss": loss} if loss is not None else {})
+                for i, ((p, a), loss) in enumerate(zip(steps, losses))]
         _write(tmp_path, "replay_check", name, rows, {"engine": engine, "provenance": {"torch_threads": 1}})
 
     base = [([3, 3], [1, 2]), ([3, 3, 3], [0, 3, 1])]
@@ -183,7 +184,8 @@ def test_replay_check_compares_each_run_with_live_and_the_replays_with_each_othe
     run("replay_b", [base[0], ([3, 3, 3], [0, 2, 1])], [None, 2.0], "replay")  # one step of prompt 1 differs
     text = tables.replay_check_table(tmp_path / "results")
     live_part, pair_part = text.split("The other runs against each other")
-    row = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in live_part.splitlines() if line.startswith("| replay")}
+    row = {cells[0].strip("| "): cells for cells in (line.split(" | ") for line in live_part.splitlines()
+                                                    if line.startswith("| replay"))}
     assert row["replay_a"][2:9] == ["2", "2/2", "5/5", "2/2", "1", "1.0e-01", f"{7 / 15:.4f}"]
     assert row["replay_b"][2:9] == ["2", "1/2", "4/5", "2/2", "1", "0.0e+00", f"{6 / 15:.4f}"]
     pairs = [line.rstrip(" |").split(" | ") for line in pair_part.splitlines() if line.startswith("| replay")]
