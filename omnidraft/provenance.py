@@ -70,6 +70,21 @@ def segment(prov: dict[str, Any], start: int) -> dict[str, Any]:
             "cpu": prov.get("cpu"), "cpu_capability": prov.get("cpu_capability"), "cpu_flags": prov.get("cpu_flags")}
 
 
+_OUTPUT_DIRS = ("results/", "outputs/", "multirun/")
+
+
+def code_dirty(porcelain: str) -> bool:
+    """Whether ``git status --porcelain`` output shows an uncommitted change to the code: new or
+    changed files under the output folders (results/, outputs/, multirun/: a run's own rows, a
+    sweep's regenerated tables and multirun.yaml, committed cells of a table still running) do not
+    count, so a sweep's runs do not all record a dirty tree."""
+    for ln in porcelain.splitlines():
+        path = ln[3:].split(" -> ")[-1].strip('"')  # "XY path", or "R  old -> new" for a rename
+        if ln.strip() and not path.startswith(_OUTPUT_DIRS):
+            return True
+    return False
+
+
 def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
     versions = {}
     for p in _PACKAGES:
@@ -78,12 +93,9 @@ def collect(seed: int, overrides: list[str]) -> dict[str, Any]:
         except md.PackageNotFoundError:
             versions[p] = None
     status = _git("status", "--porcelain")
-    if status is not None:  # a run's own output folders do not make the code dirty
-        status = "\n".join(ln for ln in status.splitlines()
-                           if not ln.startswith(("?? results/", "?? outputs/", "?? multirun/")))
     return {
         "git_hash": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(status) if status is not None else None,
+        "git_dirty": code_dirty(status) if status is not None else None,
         "versions": versions,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

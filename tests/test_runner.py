@@ -256,3 +256,13 @@ def test_summary_windows_never_overlap():
     assert s["accept/window"] == 3
     assert s["accept/rate_first_window"] == 0.2 and s["accept/rate_last_window"] == 0.8
     assert summarise(rows, True, window=2)["accept/rate_last_window"] == 0.85
+
+
+def test_only_changes_outside_the_output_folders_make_the_code_dirty():
+    from omnidraft.provenance import code_dirty
+
+    outputs = "?? results/paper/table6/cpu/run/\n M results/paper/table5/cpu/multirun.yaml\nA  outputs/x.json\n"
+    assert not code_dirty("") and not code_dirty(outputs)
+    assert code_dirty(outputs + " M omnidraft/runner.py\n")
+    assert code_dirty("?? experiments/new.sh\n") and code_dirty("R  results/a.md -> README.md\n")
+    assert not code_dirty('R  omnidraft/old.md -> "results/a b.md"\n')  # moved into the outputs
