@@ -79,7 +79,9 @@ def code_dirty(porcelain: str) -> bool:
     sweep's regenerated tables and multirun.yaml, committed cells of a table still running) do not
     count, so a sweep's runs do not all record a dirty tree."""
     for ln in porcelain.splitlines():
-        path = ln[3:].split(" -> ")[-1].strip('"')  # "XY path", or "R  old -> new" for a rename
+        # "XY path" ("R  old -> new" for a rename); _git strips the output, so the first line may
+        # have lost X when it was a space
+        path = ln[2:].strip().split(" -> ")[-1].strip('"')
         if ln.strip() and not path.startswith(_OUTPUT_DIRS):
             return True
     return False
