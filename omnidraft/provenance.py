@@ -22,7 +22,7 @@ def _git(*args: str) -> str | None:
         out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout.rstrip() if out.returncode == 0 else None  # leading blanks are data (status columns)
 
 
 def cpu_name() -> str:
@@ -79,9 +79,7 @@ def code_dirty(porcelain: str) -> bool:
     sweep's regenerated tables and multirun.yaml, committed cells of a table still running) do not
     count, so a sweep's runs do not all record a dirty tree."""
     for ln in porcelain.splitlines():
-        # "XY path" ("R  old -> new" for a rename); _git strips the output, so the first line may
-        # have lost X when it was a space
-        path = ln[2:].strip().split(" -> ")[-1].strip('"')
+        path = ln[3:].split(" -> ")[-1].strip('"')  # "XY path", or "R  old -> new" for a rename
         if ln.strip() and not path.startswith(_OUTPUT_DIRS):
             return True
     return False

@@ -266,4 +266,3 @@ def test_only_changes_outside_the_output_folders_make_the_code_dirty():
     assert code_dirty(outputs + " M omnidraft/runner.py\n")
     assert code_dirty("?? experiments/new.sh\n") and code_dirty("R  results/a.md -> README.md\n")
     assert not code_dirty('R  omnidraft/old.md -> "results/a b.md"\n')  # moved into the outputs
-    assert not code_dirty("M results/a.md\n M results/b.md")  # the first line's leading space stripped
