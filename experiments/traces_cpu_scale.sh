@@ -5,12 +5,13 @@
 # where a cut run stopped, so run the same chain again to continue.
 #   bash experiments/traces_cpu_scale.sh a   # MBPP+HE train, Alpaca sample, then the larger slices
 #   bash experiments/traces_cpu_scale.sh b   # XSum test and train, Alpaca test, then the larger slices
+#   bash experiments/traces_cpu_scale.sh c   # Table 3's second target, Qwen2.5-Coder-0.5B: GSM8K, MBPP+HE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 XSUM=${OMNIDRAFT_XSUM:-../shared/data/xsum/test.jsonl}
 T=(.venv/bin/omnidraft trace decode.max_new_tokens=64 target.dtype=float32 threads=1 progress=false)
-case "${1:?chain a or b}" in
+case "${1:?chain a, b or c}" in
   a)
     "${T[@]}" task=mbpp_humaneval task.offset=228 task.limit=100
     "${T[@]}" task=alpaca_sample task.limit=100
@@ -26,5 +27,11 @@ case "${1:?chain a or b}" in
     "${T[@]}" task=alpaca task.limit=100
     "${T[@]}" task=xsum paths.xsum="$XSUM" task.limit=100
     "${T[@]}" task=xsum paths.xsum="$XSUM" task.offset=100 task.limit=400
+    ;;
+  c)
+    "${T[@]}" target=qwen25_coder_05b task=gsm8k task.limit=50
+    "${T[@]}" target=qwen25_coder_05b task=gsm8k task.offset=200 task.limit=100
+    "${T[@]}" target=qwen25_coder_05b task=mbpp_humaneval task.limit=50
+    "${T[@]}" target=qwen25_coder_05b task=mbpp_humaneval task.offset=228 task.limit=100
     ;;
 esac
