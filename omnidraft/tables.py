@@ -950,7 +950,9 @@ def replay_check_table(results: Path) -> str:
             "max loss rel diff"]
     head = ["run", "engine", *same, "acceptance", "decode+update s", "speedup", "CPU", "threads"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    runs = sorted(p for p in base.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists())
+    # a run directory holds a run's rows; the check's own target trace (trace.jsonl) is no run
+    runs = sorted(p for p in base.iterdir()
+                  if p.is_dir() and (p / "metrics.jsonl").exists() and not (p / "trace.jsonl").exists())
     rows_of = {d.name: read_rows(d) for d in runs}
     for d in runs:
         rows, summ = rows_of[d.name], read_summary(d)

@@ -182,7 +182,10 @@ def test_replay_check_compares_each_run_with_live_and_the_replays_with_each_othe
     run("live", base, [None, 2.0], "live")
     run("replay_a", base, [None, 2.2], "replay")  # every step as live, the update's loss 10% off
     run("replay_b", [base[0], ([3, 3, 3], [0, 2, 1])], [None, 2.0], "replay")  # one step of prompt 1 differs
+    run("trace", base, [None, None], "live")  # the check's target trace beside the runs: not a run
+    (tmp_path / "results" / "replay_check" / "trace" / "trace.jsonl").write_text("{}\n")
     text = tables.replay_check_table(tmp_path / "results")
+    assert "| trace |" not in text
     live_part, pair_part = text.split("The other runs against each other")
     row = {cells[0].strip("| "): cells for cells in (line.split(" | ") for line in live_part.splitlines()
                                                     if line.startswith("| replay"))}
