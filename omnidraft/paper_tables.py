@@ -430,16 +430,17 @@ def compare_orderings(ours: dict[str, dict[str, Any]], paper: dict[str, float]) 
     return out
 
 
-def _ranking(ours: dict[str, dict[str, Any]]) -> str:
+def _ranking(ours: dict[str, dict[str, Any]], label=None) -> str:
     """Rows best first by acceptance; ``>`` where the 95% intervals of neighbours separate, ``≈`` where
     they overlap, ``?`` where one has no interval."""
+    label = label or (lambda r: LABELS.get(r, r))
     order = sorted((r for r in ours if ours[r].get("acc") is not None), key=lambda r: -ours[r]["acc"])
     text = ""
     for i, r in enumerate(order):
         if i:
             sep = separated(ours[order[i - 1]], ours[r])
             text += " ? " if sep is None else " > " if sep else " ≈ "
-        text += f"{LABELS.get(r, r)} ({ours[r]['acc']:.3f})"
+        text += f"{label(r)} ({ours[r]['acc']:.3f})"
     return text
 
 
@@ -458,27 +459,41 @@ def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str
            "| target | column | ours | paper (target) | agree | agree, CIs overlap | reversed, CIs overlap | reversed |",
            "|---|---|---|---|---|---|---|---|"]
 
+    label = lambda r: LABELS.get(r, r)  # noqa: E731
+    if len(spec.get("rows") or []) == 1:  # one row, the paper's variable is the column (Table 12: the LoRA rank)
+        out[0] = "## Ordering of the columns by acceptance, ours vs the paper"
+        out[-2] = out[-2].replace("| column |", "| row |")
+        short = str(spec["cols"]).rsplit(".", 1)[-1]
+        label = lambda c: f"{short}={c}"  # noqa: E731
+        groups = [(tgt, r, {str(k[2]): stats[k] for k in cells if k[0] == tgt and k[1] == r and stats.get(k)},
+                   lambda pt, r=r: {str(x["col"]): float(x["acc"]) for x in spec["cells"]
+                                    if x.get("target") == pt and x["row"] == r and "acc" in x})
+                  for tgt in targets for r in dict.fromkeys(k[1] for k in cells)]
+    else:
+        groups = [(tgt, c, {k[1]: stats[k] for k in cells if k[0] == tgt and str(k[2]) == str(c) and stats.get(k)},
+                   lambda pt, c=c: {x["row"]: float(x["acc"]) for x in spec["cells"]
+                                    if x.get("target") == pt and str(x["col"]) == str(c) and "acc" in x})
+                  for tgt in targets for c in cols]
+
     def names(pairs: list[tuple[str, str]], no_ci: list[tuple[str, str]] = ()) -> str:
-        return "; ".join(f"{LABELS.get(a, a)} > {LABELS.get(b, b)}{' (no CI)' if (a, b) in no_ci else ''}"
+        return "; ".join(f"{label(a)} > {label(b)}{' (no CI)' if (a, b) in no_ci else ''}"
                          for a, b in pairs) or "–"
 
-    for tgt in targets:
-        for c in cols:
-            ours = {k[1]: stats[k] for k in cells if k[0] == tgt and str(k[2]) == str(c) and stats.get(k)}
-            if len(ours) < 2:
+    for tgt, where, ours, paper_of in groups:
+        if len(ours) < 2:
+            continue
+        for pt in paper_targets:
+            paper = paper_of(pt)
+            shared = [r for r in paper if r in ours]
+            if len(shared) < 2:
                 continue
-            for pt in paper_targets:
-                paper = {x["row"]: float(x["acc"]) for x in spec["cells"]
-                         if x.get("target") == pt and str(x["col"]) == str(c) and "acc" in x}
-                shared = [r for r in paper if r in ours]
-                if len(shared) < 2:
-                    continue
-                v = compare_orderings(ours, paper)
-                p_order = " > ".join(f"{LABELS.get(r, r)} ({paper[r]:.3g})" for r in sorted(shared, key=lambda r: -paper[r]))
-                ties = "".join(f"; tie: {LABELS.get(a, a)} = {LABELS.get(b, b)}" for a, b in v["paper_tie"])
-                out.append(f"| {tgt} | {c} | {_ranking(ours)} | {p_order} ({TARGET_NAMES.get(pt, pt)}){ties} | "
-                           f"{names(v['agree'])} | {names(v['agree_ci_overlap'], v['no_ci'])} | "
-                           f"{names(v['reversed_ci_overlap'], v['no_ci'])} | {names(v['reversed'])} |")
+            v = compare_orderings(ours, paper)
+            p_order = " > ".join(f"{label(r)} ({paper[r]:.3g})" for r in sorted(shared, key=lambda r: -paper[r]))
+            ties = "".join(f"; tie: {label(a)} = {label(b)}" for a, b in v["paper_tie"])
+            out.append(f"| {tgt} | {LABELS.get(where, where)} | {_ranking(ours, label)} | {p_order} "
+                       f"({TARGET_NAMES.get(pt, pt)}){ties} | {names(v['agree'])} | "
+                       f"{names(v['agree_ci_overlap'], v['no_ci'])} | {names(v['reversed_ci_overlap'], v['no_ci'])} | "
+                       f"{names(v['reversed'])} |")
     return out + [""] if len(out) > 6 else []  # a header alone: no column with two rows both report
 
 

@@ -185,6 +185,24 @@ def test_row_orderings_are_compared_with_the_papers_pair_by_pair():
     assert compare_orderings({**one, "hybrid": one["l_dm"]}, {"l_dm": 0.3, "hybrid": 0.3})["paper_tie"] == [("l_dm", "hybrid")]
 
 
+def test_a_one_row_table_orders_its_columns_against_the_papers():
+    """Table 12 has one row and the LoRA rank as columns: its ordering section ranks the ranks."""
+    from omnidraft.paper_tables import Cell, render_orderings
+
+    paper = {8: 0.30, 32: 0.37, 128: 0.38}
+    ours = {8: {"acc": 0.44, "acc_ci": (0.40, 0.47)}, 32: {"acc": 0.45, "acc_ci": (0.41, 0.48)},
+            128: {"acc": 0.30, "acc_ci": (0.27, 0.33)}}
+    spec = {"cols": "method.adapt.lora_rank", "rows": ["hybrid_lora"],
+            "cells": [{"target": "llama3_8b", "row": "hybrid_lora", "col": c, "acc": a} for c, a in paper.items()]}
+    cells = {("t", "hybrid_lora", c): Cell("t", "hybrid_lora", c) for c in ours}
+    text = "\n".join(render_orderings(spec, cells, {("t", "hybrid_lora", c): st for c, st in ours.items()}))
+    assert "## Ordering of the columns by acceptance" in text
+    assert "lora_rank=32 (0.450) ≈ lora_rank=8 (0.440) > lora_rank=128 (0.300)" in text
+    assert "lora_rank=128 (0.38) > lora_rank=32 (0.37) > lora_rank=8 (0.3)" in text
+    assert "| lora_rank=32 > lora_rank=8 |" in text  # agrees, intervals overlap
+    assert "| lora_rank=128 > lora_rank=8; lora_rank=128 > lora_rank=32 |" in text  # reversed, separated
+
+
 def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_jobs(tmp_path):
     d = tmp_path / "s"
     # the second job fails at run time (a file that does not exist), the others go on
