@@ -430,10 +430,9 @@ def compare_orderings(ours: dict[str, dict[str, Any]], paper: dict[str, float]) 
     return out
 
 
-def _ranking(ours: dict[str, dict[str, Any]], label=None) -> str:
-    """Rows best first by acceptance; ``>`` where the 95% intervals of neighbours separate, ``≈`` where
-    they overlap, ``?`` where one has no interval."""
-    label = label or (lambda r: LABELS.get(r, r))
+def _ranking(ours: dict[str, dict[str, Any]], label=lambda r: LABELS.get(r, r)) -> str:
+    """Rows (or a one-row table's columns) best first by acceptance; ``>`` where the 95% intervals of
+    neighbours separate, ``≈`` where they overlap, ``?`` where one has no interval."""
     order = sorted((r for r in ours if ours[r].get("acc") is not None), key=lambda r: -ours[r]["acc"])
     text = ""
     for i, r in enumerate(order):
@@ -446,55 +445,54 @@ def _ranking(ours: dict[str, dict[str, Any]], label=None) -> str:
 
 def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str]:
     """Markdown: per target of ours and column, our rows best first and the paper's order of the same
-    rows, with every pair's verdict (:func:`compare_orderings`), against each paper target."""
-    _, cols, targets = _order(spec, cells)
+    rows, with every pair's verdict (:func:`compare_orderings`), against each paper target. A table of
+    one row (Table 12: the LoRA rank) ranks its columns instead, per row."""
+    rows, cols, targets = _order(spec, cells)
     paper_targets = list(dict.fromkeys(c.get("target") for c in spec["cells"] if "acc" in c))
     if not paper_targets:
         return []
-    out = ["## Ordering of the rows by acceptance, ours vs the paper", "",
-           "Ours best first (`>`: the neighbours' 95% intervals separate; `≈`: they overlap; `?`: one has no interval). "
-           "Pairs are the rows both report, in the paper's order: agree (same order, intervals separate) / agree, CIs "
-           "overlap / reversed, CIs overlap / reversed (intervals separate); (no CI): a cell without an interval; "
-           "pairs the paper reports equal are listed with the paper's order.", "",
-           "| target | column | ours | paper (target) | agree | agree, CIs overlap | reversed, CIs overlap | reversed |",
-           "|---|---|---|---|---|---|---|---|"]
+    by_col = len(spec.get("rows") or []) == 1
+    ranked, held = ("column", "row") if by_col else ("row", "column")
+    short = str(spec["cols"]).rsplit(".", 1)[-1]
 
-    label = lambda r: LABELS.get(r, r)  # noqa: E731
-    if len(spec.get("rows") or []) == 1:  # one row, the paper's variable is the column (Table 12: the LoRA rank)
-        out[0] = "## Ordering of the columns by acceptance, ours vs the paper"
-        out[-2] = out[-2].replace("| column |", "| row |")
-        short = str(spec["cols"]).rsplit(".", 1)[-1]
-        label = lambda c: f"{short}={c}"  # noqa: E731
-        groups = [(tgt, r, {str(k[2]): stats[k] for k in cells if k[0] == tgt and k[1] == r and stats.get(k)},
-                   lambda pt, r=r: {str(x["col"]): float(x["acc"]) for x in spec["cells"]
-                                    if x.get("target") == pt and x["row"] == r and "acc" in x})
-                  for tgt in targets for r in dict.fromkeys(k[1] for k in cells)]
-    else:
-        groups = [(tgt, c, {k[1]: stats[k] for k in cells if k[0] == tgt and str(k[2]) == str(c) and stats.get(k)},
-                   lambda pt, c=c: {x["row"]: float(x["acc"]) for x in spec["cells"]
-                                    if x.get("target") == pt and str(x["col"]) == str(c) and "acc" in x})
-                  for tgt in targets for c in cols]
+    def split(row: str, col: Any) -> tuple[str, str]:
+        """A cell's (ranked item, held value)."""
+        return (str(col), row) if by_col else (row, str(col))
+
+    def label(item: str) -> str:
+        return f"{short}={item}" if by_col else LABELS.get(item, item)
 
     def names(pairs: list[tuple[str, str]], no_ci: list[tuple[str, str]] = ()) -> str:
         return "; ".join(f"{label(a)} > {label(b)}{' (no CI)' if (a, b) in no_ci else ''}"
                          for a, b in pairs) or "–"
 
-    for tgt, where, ours, paper_of in groups:
-        if len(ours) < 2:
-            continue
-        for pt in paper_targets:
-            paper = paper_of(pt)
-            shared = [r for r in paper if r in ours]
-            if len(shared) < 2:
+    out = [f"## Ordering of the {ranked}s by acceptance, ours vs the paper", "",
+           "Ours best first (`>`: the neighbours' 95% intervals separate; `≈`: they overlap; `?`: one has no interval). "
+           f"Pairs are the {ranked}s both report, in the paper's order: agree (same order, intervals separate) / agree, "
+           "CIs overlap / reversed, CIs overlap / reversed (intervals separate); (no CI): a cell without an interval; "
+           "pairs the paper reports equal are listed with the paper's order.", "",
+           f"| target | {held} | ours | paper (target) | agree | agree, CIs overlap | reversed, CIs overlap | reversed |",
+           "|---|---|---|---|---|---|---|---|"]
+    for tgt in targets:
+        for h in (rows if by_col else [str(c) for c in cols]):
+            ours = {split(k[1], k[2])[0]: stats[k] for k in cells
+                    if k[0] == tgt and split(k[1], k[2])[1] == h and stats.get(k)}
+            if len(ours) < 2:
                 continue
-            v = compare_orderings(ours, paper)
-            p_order = " > ".join(f"{label(r)} ({paper[r]:.3g})" for r in sorted(shared, key=lambda r: -paper[r]))
-            ties = "".join(f"; tie: {label(a)} = {label(b)}" for a, b in v["paper_tie"])
-            out.append(f"| {tgt} | {LABELS.get(where, where)} | {_ranking(ours, label)} | {p_order} "
-                       f"({TARGET_NAMES.get(pt, pt)}){ties} | {names(v['agree'])} | "
-                       f"{names(v['agree_ci_overlap'], v['no_ci'])} | {names(v['reversed_ci_overlap'], v['no_ci'])} | "
-                       f"{names(v['reversed'])} |")
-    return out + [""] if len(out) > 6 else []  # a header alone: no column with two rows both report
+            for pt in paper_targets:
+                paper = {split(x["row"], x["col"])[0]: float(x["acc"]) for x in spec["cells"]
+                         if x.get("target") == pt and split(x["row"], x["col"])[1] == h and "acc" in x}
+                shared = [r for r in paper if r in ours]
+                if len(shared) < 2:
+                    continue
+                v = compare_orderings(ours, paper)
+                p_order = " > ".join(f"{label(r)} ({paper[r]:.3g})" for r in sorted(shared, key=lambda r: -paper[r]))
+                ties = "".join(f"; tie: {label(a)} = {label(b)}" for a, b in v["paper_tie"])
+                out.append(f"| {tgt} | {LABELS.get(h, h)} | {_ranking(ours, label)} | {p_order} "
+                           f"({TARGET_NAMES.get(pt, pt)}){ties} | {names(v['agree'])} | "
+                           f"{names(v['agree_ci_overlap'], v['no_ci'])} | "
+                           f"{names(v['reversed_ci_overlap'], v['no_ci'])} | {names(v['reversed'])} |")
+    return out + [""] if len(out) > 6 else []  # a header alone: nothing both report twice
 
 
 def cells_runs(cells: dict) -> list[Run]:
