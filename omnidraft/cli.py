@@ -378,14 +378,19 @@ def _seed_independent(cfg) -> bool:
 
 def find_shared_cell(cfg, run_dir):
     """The directory of a finished run elsewhere under ``<paths.results_dir>/paper/`` with this job's
-    result identity (:func:`omnidraft.lifecycle.cell_key`), with its summary; (None, None) if none."""
+    result identity, with its summary; (None, None) if none. The same identity: the summary's
+    ``cell`` is this job's :func:`omnidraft.lifecycle.cell_key`, or, whatever code version wrote
+    that key, its ``config.yaml`` holds this job's config (:func:`omnidraft.lifecycle.same_cell`)."""
+    import hashlib
     import json
     from pathlib import Path
 
-    from omnidraft.lifecycle import cell_key
+    import yaml
+
+    from omnidraft.lifecycle import cell_fingerprint, same_cell
 
     root = Path(cfg.paths.results_dir)
-    key = None
+    fp = key = None
     for f in sorted((root / "paper").glob("*/*/*/summary.json")):
         if f.parent.resolve() == Path(run_dir).resolve():
             continue
@@ -395,8 +400,16 @@ def find_shared_cell(cfg, run_dir):
             continue
         if s.get("status") != "ok" or not s.get("cell") or s.get("shared_from"):
             continue
-        key = key or cell_key(cfg)
+        if fp is None:
+            fp = cell_fingerprint(cfg)
+            key = hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()
         if s["cell"] == key:
+            return f.parent, s
+        try:
+            written = yaml.safe_load((f.parent / "config.yaml").read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(written, dict) and same_cell(written, fp):
             return f.parent, s
     return None, None
 

@@ -43,6 +43,11 @@ from omnidraft.loggers import JSONLLogger, MultiLogger
 _RESUME_FREE = {"resume", "progress", "threads", "run_dir", "logger", "paths", "overrides",
                 "checkpoint_every", "state_dir"}
 
+# Config keys that only feed interpolations: what they change is in the resolved values that read
+# them (``ngram_reference_size`` -> an evict_* row's ``ngram.capacity``), so a cell that reads none
+# (Table 14's `l_dm` and `hybrid`) is the same cell as another table's whatever their value.
+_CELL_FREE = {"ngram_reference_size"}
+
 # Arguments the lifecycle supplies to each ``logger`` sink it builds (each gets those it accepts).
 LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
 
@@ -155,7 +160,11 @@ def start_run(cfg: DictConfig, overrides: list[str]) -> tuple[Path, dict[str, An
 def fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the resolved config less :data:`_RESUME_FREE`
     (and where replay keeps its rows between runs: a cache, not a setting)."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+    return fingerprint_of(OmegaConf.to_container(cfg, resolve=True))
+
+
+def fingerprint_of(c: dict[str, Any]) -> dict[str, Any]:
+    """:func:`fingerprint` of a resolved config as plain containers (a run's ``config.yaml``)."""
     out = {k: v for k, v in c.items() if k not in _RESUME_FREE}
     if isinstance(out.get("replay"), dict):
         out["replay"] = {k: v for k, v in out["replay"].items() if k != "rows_cache"}
@@ -175,15 +184,33 @@ def without_archive_pins(model: dict[str, Any]) -> dict[str, Any]:
 
 
 def cell_key(cfg: DictConfig) -> str:
-    """A run's result identity: the sha256 of its :func:`fingerprint` (dtypes resolved; seed
+    """A run's result identity: the sha256 of its :func:`cell_fingerprint` (dtypes resolved; seed
     included). Two runs with the same key compute the same numbers, whatever experiment, table or
     directory they were launched from (a sweep shares them: :func:`omnidraft.cli.shared_cell`)."""
     import hashlib
     import json
 
+    return hashlib.sha256(json.dumps(cell_fingerprint(cfg), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cell_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """What makes a run's numbers: :func:`cell_fingerprint_of` its portable resolved config, dtypes resolved."""
     c = cfg.copy()
     resolve_dtypes(c)
-    return hashlib.sha256(json.dumps(fingerprint(c), sort_keys=True, default=str).encode()).hexdigest()
+    return cell_fingerprint_of(portable_config(c))
+
+
+def cell_fingerprint_of(config: dict[str, Any]) -> dict[str, Any]:
+    """:func:`fingerprint_of` a resolved config (a run's ``config.yaml`` as written), less :data:`_CELL_FREE`."""
+    return {k: v for k, v in fingerprint_of(config).items() if k not in _CELL_FREE}
+
+
+def same_cell(written: dict[str, Any], fp: dict[str, Any]) -> bool:
+    """Whether a finished run's ``config.yaml`` (``written``) computed the cell whose
+    :func:`cell_fingerprint` is ``fp``: every key it wrote has fp's value. Keys newer code added to
+    the config (absent from it) are no difference, as on resume (:func:`check_resume`): a key is
+    added with a default that keeps what ran before."""
+    return _diff(cell_fingerprint_of(written), fp) is None
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> str | None:

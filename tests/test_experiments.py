@@ -315,6 +315,40 @@ def test_a_cell_another_table_computed_is_copied_not_run_again(tmp_path):
     assert {c["row"] for c in cells} == {"hybrid", "loss_nll_only"}
 
 
+def test_a_cell_is_shared_whatever_interpolation_source_or_code_version_wrote_it(tmp_path):
+    """Table 14's `l_dm` cell reads no ngram_reference_size (only its evict_* rows do), so Table 1's
+    MBPP+HE `l_dm` run is its cell although the two experiments set that key differently; so is a run
+    whose config.yaml predates a key newer code added (its summary's key then differs). A run that
+    wrote another value of a key that matters is not."""
+    import yaml
+
+    from omnidraft.cli import find_shared_cell
+    from omnidraft.lifecycle import cell_key, portable_config, resolve_dtypes
+
+    res = tmp_path / "results"
+    pair = ["scale=tiny", "task=mbpp_humaneval", "seed=0", f"paths.results_dir={res}"]
+    t1 = _compose(["experiment=paper/table1", "row=l_dm", *pair])
+    l_dm, evict = (_compose(["experiment=paper/table14", f"row={r}", *pair]) for r in ("l_dm", "evict_lru_quarter"))
+    assert t1.ngram_reference_size != l_dm.ngram_reference_size and cell_key(t1) == cell_key(l_dm)
+    src = res / "paper" / "table1" / "tiny" / "row=l_dm"
+
+    def finished(config: dict, key: str) -> None:
+        src.mkdir(parents=True, exist_ok=True)
+        (src / "config.yaml").write_text(yaml.safe_dump(config))
+        (src / "summary.json").write_text(json.dumps({"status": "ok", "cell": key}))
+
+    resolve_dtypes(t1)  # as a run writes its config.yaml: device and dtype resolved
+    written = portable_config(t1)
+    finished(written, cell_key(t1))
+    assert find_shared_cell(l_dm, tmp_path / "t14")[0] == src
+    assert find_shared_cell(evict, tmp_path / "t14")[0] is None
+    older = {**written, "method": {k: v for k, v in written["method"].items() if k != "draft_length"}}
+    finished(older, "a key older code computed")
+    assert find_shared_cell(l_dm, tmp_path / "t14")[0] == src
+    finished({**written, "method": {**written["method"], "k": int(written["method"]["k"]) + 1}}, "another")
+    assert find_shared_cell(l_dm, tmp_path / "t14")[0] is None
+
+
 def test_tables_of_any_other_sweep_list_each_run_by_its_own_overrides(tmp_path):
     """`omnidraft tables DIR` on a sweep that is no paper experiment: sweep.md, one line per run,
     labelled by the overrides that differ, with acceptance and tokens per step from its rows."""
