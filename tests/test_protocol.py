@@ -218,3 +218,19 @@ def test_the_config_says_whether_decoding_learns_as_the_built_session_does(tmp_p
 
     cfg = _cfg(tmp_path, "r", *over)
     assert decoding_learns(cfg.method) == Session(cfg).learns()
+
+
+def test_evaluations_leave_the_train_stream_as_it_is(live, tmp_path):
+    """A frozen evaluation changes nothing the drafter learns from: the run evaluated at 0, 2 and 4
+    train prompts and one evaluated after training only have the same train rows (steps, tokens,
+    losses) and the same final evaluation, so Figure 2's run and Table 1's cell agree where they meet."""
+    tmp, _ = live
+    run(_cfg(tmp_path, "once", *PROTOCOL, "train_test.eval_every=0", "train_test.eval_at_start=false", "threads=1"))
+    every, once = _rows(tmp / "live"), _rows(tmp_path / "once")
+    keys = ("prompt/id", "sd/step_proposed", "sd/step_accepted", "sd/new_tokens", "adapt/loss", "ngram/size")
+
+    def part(rows, phase, at=None):
+        return [tuple(r.get(k) for k in keys) for r in rows if r["phase"] == phase and (at is None or r.get("eval/at") == at)]
+
+    assert part(every, "train") == part(once, "train") and any(r.get("adapt/loss") for r in once)
+    assert part(every, "test", 4) == part(once, "test", 4) and len(part(once, "test")) == 3
