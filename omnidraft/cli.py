@@ -246,14 +246,20 @@ def _tables(argv: list[str]) -> None:
     p.add_argument("group", help=f"one of {', '.join(GROUPS)}, or a directory of paper-experiment runs")
     p.add_argument("--results", type=Path, default=Path("results"), help="the results directory (default: results)")
     p.add_argument("--no-plots", action="store_true", help="paper tables: skip the PNG plots")
+    p.add_argument("--speed-machine", metavar="MACHINE", default=None,
+                   help="paper tables: model every replay's speed with this machine's latency calibrations (its "
+                        "file-name slug, e.g. intel-xeon-processor-amx), so cells run on different machines compare")
     args = p.parse_args(argv)
     try:
         if args.group not in GROUPS and (Path(args.group).is_dir() or "/" in args.group):
             from omnidraft.paper_tables import write_paper_tables
 
-            for f in write_paper_tables(Path(args.group), plots=not args.no_plots):
+            for f in write_paper_tables(Path(args.group), plots=not args.no_plots, speed_machine=args.speed_machine):
                 print(f)
             return
+        if args.speed_machine:
+            _fail(f"--speed-machine={args.speed_machine}: only paper tables model speed again; pass a directory of "
+                  f"paper-experiment runs (results/paper/<table>/<scale>), not {args.group}")
         _, text = write_table(args.group, args.results)
     except OmniDraftError as e:
         _fail(_first_line(e))

@@ -75,6 +75,7 @@ class Run:
     seed: int
     status: str
     error: str | None = None
+    speed_machine: str | None = None  # the machine whose calibration re-modelled its speed (remodel_speed)
 
     def get(self, dotted: str) -> Any:
         """A value of the run's resolved config by dotted key (None when absent)."""
@@ -165,8 +166,10 @@ def col_value(run: Run, key: str) -> Any:
     return v
 
 
-def cells_of(runs: list[Run], spec: dict[str, Any]) -> dict[tuple[str, str, Any], Cell]:
-    """Group finished runs into cells keyed (target, row, column value), pooling test rows over seeds."""
+def cells_of(runs: list[Run], spec: dict[str, Any], speed_machine: str | None = None) -> dict[tuple[str, str, Any], Cell]:
+    """Group finished runs into cells keyed (target, row, column value), pooling test rows over seeds;
+    with ``speed_machine``, each replay's speed modelled again under that machine's calibration
+    (:func:`remodel_speed`)."""
     cells: dict[tuple[str, str, Any], Cell] = {}
     for run in runs:
         if run.status != "ok":
@@ -175,8 +178,45 @@ def cells_of(runs: list[Run], spec: dict[str, Any]) -> dict[tuple[str, str, Any]
                col_value(run, spec["cols"]))
         cell = cells.setdefault(key, Cell(*key))
         cell.runs.append(run)
-        cell.rows.extend({**r, "_seed": run.seed} for r in test_rows(run))
+        rows = test_rows(run)
+        if speed_machine:
+            rows = remodel_speed(run, rows, speed_machine)
+        cell.rows.extend({**r, "_seed": run.seed} for r in rows)
     return cells
+
+
+def remodel_speed(run: Run, rows: list[dict[str, Any]], machine: str) -> list[dict[str, Any]]:
+    """A replay's rows with their modelled speed (``speed/modelled_*``) computed again from the step
+    shapes they record (:func:`omnidraft.replay.row_shapes`) under ``machine``'s latency calibration
+    of the same pair, dtypes and threads (the run's calibration file, named for that machine), and
+    ``run.speed_machine`` set. Acceptance is machine-independent in replay; this makes speed so too,
+    so cells run on different machines compare. Rows as they are for a live run, a target-switch run
+    (one calibration per target) or rows written before rows recorded their shapes.
+
+    Raises:
+        OmniDraftError: that machine has no such calibration (with the command that makes it).
+    """
+    from omnidraft.calibrate import calibrate_command, load_calibration
+    from omnidraft.replay import row_shapes, speed_keys
+
+    s = run.summary
+    own = s.get("replay/calibration")
+    if s.get("engine") != "replay" or not own or s.get("targets") or not rows:
+        return rows
+    shapes = [row_shapes(r) for r in rows]
+    if any(sh is None for sh in shapes):
+        return rows
+    own = Path(own)
+    path = own.with_name(f"{machine}_{own.name.split('_', 1)[1]}")
+    if not path.is_file():
+        t, d = str(run.get("target.dtype")), str(run.get("drafter.dtype"))
+        raise OmniDraftError(f"--speed-machine={machine}: no calibration {path} (for {run.path}); make it on that "
+                             f"machine with `{calibrate_command(str(s.get('target')), str(s.get('drafter')), t, d)}`, "
+                             "or leave --speed-machine out")
+    cal = load_calibration(path)
+    cal.extrapolate = True  # as the replay did (omnidraft.replay.machine_calibration)
+    run.speed_machine = cal.machine or machine
+    return [{**r, **speed_keys(cal, sh, int(r["sd/new_tokens"]))} for r, sh in zip(rows, shapes)]
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -228,7 +268,8 @@ def cell_stats(cell: Cell, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, 
     sizes = [r.summary.get("train/ngram/size") for r in cell.runs if r.summary.get("train/ngram/size") is not None]
     out["ngram_size"] = float(np.mean(sizes)) if sizes else None
     # the machine whose latency calibration modelled the speedup (replay): speeds compare within one only
-    out["calibration"] = sorted({str(m) for r in cell.runs if (m := r.summary.get("replay/calibration_machine"))})
+    out["calibration"] = sorted({str(m) for r in cell.runs
+                                 if (m := r.speed_machine or r.summary.get("replay/calibration_machine"))})
     if len(rows) >= 2:
         v = _vectors(rows)
         idx = np.random.default_rng(seed).integers(0, len(rows), size=(n_boot, len(rows)))
@@ -299,6 +340,10 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
     out += [f"Runs on: {provenance.get('cpu', '?')}; engine {provenance.get('engine', '?')}; "
             f"{provenance.get('dtype', '?')}; {provenance.get('max_new_tokens', '?')} new tokens; "
             f"train prompts {provenance.get('train', '?')}, test prompts {provenance.get('test', '?')}.", ""]
+    if provenance.get("speed_machine"):
+        out += [f"Speedups of replays are modelled with {provenance['speed_machine']}'s latency calibrations "
+                "(`omnidraft tables DIR --speed-machine`), from the step shapes each row records; runs whose rows "
+                "predate step shapes keep their own machine's.", ""]
     machines = sorted({m for st in stats.values() if st for m in st.get("calibration") or []})
     tag = {m: f" ({chr(ord('a') + i)})" for i, m in enumerate(machines)} if len(machines) > 1 else {}
     if tag:
@@ -649,9 +694,10 @@ def _provenance(runs: list[Run]) -> dict[str, Any]:
             "train": one(r.summary.get("n_train_prompts") for r in ok), "test": one(r.summary.get("n_test") for r in ok)}
 
 
-def write_paper_tables(root: Path, plots: bool = True) -> list[Path]:
+def write_paper_tables(root: Path, plots: bool = True, speed_machine: str | None = None) -> list[Path]:
     """Every paper experiment's table (Markdown, LaTeX, JSON of the cells) and plots for the runs
-    under ``root``, written into ``root`` (one set per experiment found).
+    under ``root``, written into ``root`` (one set per experiment found); with ``speed_machine``,
+    replays' speedups modelled under that machine's calibrations (:func:`remodel_speed`).
 
     Raises:
         OmniDraftError: ``root`` is not a directory, or holds no run of a paper experiment.
@@ -673,10 +719,12 @@ def write_paper_tables(root: Path, plots: bool = True) -> list[Path]:
     written: list[Path] = []
     for name, rs in sorted(by_exp.items()):
         spec = spec_of(name)
-        cells = cells_of(rs, spec)
+        cells = cells_of(rs, spec, speed_machine)
         stats = {k: cell_stats(c) for k, c in cells.items()}
         failed = [r for r in rs if r.status != "ok"]
         prov = _provenance(rs)
+        if speed_machine:
+            prov["speed_machine"] = speed_machine
         md = root / f"{name}.md"
         md.write_text(render_markdown(name, spec, cells, stats, failed, prov, rs), encoding="utf-8")
         tex = root / f"{name}.tex"

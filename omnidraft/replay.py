@@ -80,27 +80,44 @@ class Replay:
         """One generation's modelled speed keys (:func:`step_shapes`)."""
         if self.calibration is None:
             return {}
-        shapes = step_shapes(sd)
-        return {"speed/modelled_sd_s": sum(step_seconds(self.calibration, s) for s in shapes),
-                "speed/modelled_ar_step_s": self.calibration.target_s(1),
-                "speed/modelled_speedup": modelled_speedup(self.calibration, shapes, sd.n_new)}
+        return speed_keys(self.calibration, step_shapes(sd), sd.n_new)
 
 
 def step_shapes(sd: GenerationResult) -> list[StepShape]:
-    """The forwards of every step of a generation, for the latency model.
+    """The forwards of every step of a generation, for the latency model (:func:`shapes`)."""
+    return shapes([s.proposed for s in sd.steps], [s.draft_feeds for s in sd.steps],
+                  [s.draft_hidden for s in sd.steps])
 
-    The target's forward feeds the pending token and the proposals. The drafter's forwards feed
-    what its step recorded (:attr:`omnidraft.core.decode.StepRecord.draft_feeds`), except that the
-    first step's first forward, which also prefills the drafter with the prompt, counts as one
-    token: prefill is left out of the modelled speedup, on both sides.
-    """
+
+def row_shapes(row: dict[str, Any]) -> list[StepShape] | None:
+    """The step shapes a row records (``sd/step_proposed``, ``sd/step_feeds``, ``sd/step_hidden``),
+    the same :func:`step_shapes` gave when it ran; None for a row written before rows recorded them."""
+    if "sd/step_feeds" not in row:
+        return None
+    n = len(row["sd/step_proposed"])
+    return shapes(row["sd/step_proposed"], row["sd/step_feeds"], row.get("sd/step_hidden") or [0] * n)
+
+
+def shapes(proposed: Sequence[int], feeds: Sequence[Sequence[int]], hidden: Sequence[bool | int]) -> list[StepShape]:
+    """Each step's forwards. The target's forward feeds the pending token and the proposals. The
+    drafter's forwards feed what its step recorded (:attr:`omnidraft.core.decode.StepRecord.draft_feeds`),
+    except that the first step's first forward, which also prefills the drafter with the prompt,
+    counts as one token: prefill is left out of the modelled speedup, on both sides."""
     out = []
-    for i, s in enumerate(sd.steps):
-        feeds = tuple(s.draft_feeds)
-        if i == 0 and feeds:
-            feeds = (1, *feeds[1:])
-        out.append(StepShape(s.proposed + 1, feeds, s.draft_hidden))
+    for i, (p, f, h) in enumerate(zip(proposed, feeds, hidden, strict=True)):
+        f = tuple(int(x) for x in f)
+        if i == 0 and f:
+            f = (1, *f[1:])
+        out.append(StepShape(int(p) + 1, f, bool(h)))
     return out
+
+
+def speed_keys(cal: Calibration, shapes_: Sequence[StepShape], new_tokens: int) -> dict[str, float]:
+    """A row's modelled speed keys under a calibration: its steps' modelled seconds, one plain
+    step's, and the modelled speedup."""
+    return {"speed/modelled_sd_s": sum(step_seconds(cal, s) for s in shapes_),
+            "speed/modelled_ar_step_s": cal.target_s(1),
+            "speed/modelled_speedup": modelled_speedup(cal, shapes_, new_tokens)}
 
 
 def check_replay_config(cfg: DictConfig) -> None:

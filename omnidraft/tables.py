@@ -34,6 +34,11 @@ key                          meaning
 ``sd/stop``                  ``eos`` or ``length``
 ``sd/step_proposed``         per step: target tokens proposed (the draft length)
 ``sd/step_accepted``         per step: accepted
+``sd/step_feeds``            per step: tokens each drafter forward fed (empty: no drafter model)
+``sd/step_hidden``           per step, where any step's were: 1 if its drafter forwards also
+                             returned hidden states (the acceptance head's); with ``sd/step_feeds``
+                             and ``sd/step_proposed`` the step's shape, which a replay's speed is
+                             modelled from (``omnidraft tables DIR --speed-machine``)
 ``sd/step_lookup``           per step, where any step was: 1 if prompt lookup proposed it, 0 if the
                              drafter LM did (summary: ``draft/<lookup|model>_accept_rate`` and
                              ``draft/<lookup|model>_tokens_per_step``, emitted tokens per step)
@@ -125,7 +130,12 @@ def prompt_row(sd: GenerationResult, ar: GenerationResult | None) -> dict[str, A
         # per verification step: target proposals (the draft length in target tokens) and accepted
         "sd/step_proposed": [st.proposed for st in sd.steps],
         "sd/step_accepted": [st.accepted for st in sd.steps],
+        # per step: tokens each drafter forward fed (the step's shape: a replay's speed can be modelled
+        # again from them under another machine's calibration, omnidraft.replay.row_shapes)
+        "sd/step_feeds": [list(st.draft_feeds) for st in sd.steps],
     }
+    if any(st.draft_hidden for st in sd.steps):  # the forwards also returned hidden states (the head's)
+        row["sd/step_hidden"] = [int(st.draft_hidden) for st in sd.steps]
     if any(st.source == "lookup" for st in sd.steps):  # which steps prompt lookup proposed
         row["sd/step_lookup"] = [int(st.source == "lookup") for st in sd.steps]
     if ar is not None:

@@ -145,6 +145,8 @@ CONFIG_CASES = [
     ("run_dir_under_a_file", ["hydra.run.dir={files}/a_file/run"], ["a_file/run", "Not a directory"]),
     ("calibrate_repeats_zero", ["calibrate", "calibrate.repeats=0"], ["calibrate.repeats=0"]),
     ("tables_missing_dir", ["tables", "{files}/no_such_dir"], ["no_such_dir", "not a directory"]),
+    ("tables_speed_machine_of_a_group", ["tables", "core", "--speed-machine=amd-epyc-avx2"],
+     ["--speed-machine=amd-epyc-avx2", "paper tables"]),
 ]
 LOAD_CASES = [  # these load the tiny models first
     ("wandb_online_without_key", ["logger=wandb_online"], ["wandb", "wandb login"]),

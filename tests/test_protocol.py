@@ -82,6 +82,44 @@ def test_train_test_replay_equals_live(live, tmp_path):
     assert "speed/speedup" not in s  # no ar baseline is decoded under replay
 
 
+def test_a_replays_speed_is_modelled_again_under_another_machines_calibration(tmp_path):
+    """Replay rows record each step's shape (drafter feeds, proposals), so `omnidraft tables
+    --speed-machine` models their speed under another machine's calibration: under the run's own it
+    gives back the recorded figures, under a machine whose target is twice as slow the plain step
+    doubles; a machine without that calibration is one line; rows without shapes stay as they are."""
+    from omnidraft.paper_tables import read_runs, remodel_speed, test_rows
+
+    cfg = _cfg(tmp_path, "unused", *PROTOCOL, "engine=replay")
+    for c in (cfg, train_stream_config(cfg)):
+        t = c.task
+        run_trace(_cfg(tmp_path, f"trace_{t.offset}", f"task.offset={t.offset}", f"task.limit={t.limit}", config="trace"))
+    run_calibrate(_cfg(tmp_path, "cal", "calibrate.repeats=2", "calibrate.warmup=1", "calibrate.context_tokens=32",
+                       "threads=1", config="calibrate"))
+    s = run(_cfg(tmp_path, "replay", *PROTOCOL, "engine=replay", "threads=1"))
+    (rec,) = read_runs(tmp_path / "replay")
+    rows = test_rows(rec)
+    assert rows and all(len(r["sd/step_feeds"]) == len(r["sd/step_proposed"]) for r in rows)
+    assert any(sum(map(len, r["sd/step_feeds"])) for r in rows)
+    keys = ("speed/modelled_sd_s", "speed/modelled_ar_step_s", "speed/modelled_speedup")
+    same = remodel_speed(rec, rows, s["replay/calibration_machine"])
+    assert [b[k] for b in same for k in keys] == pytest.approx([a[k] for a in rows for k in keys], rel=1e-12)
+    own = Path(s["replay/calibration"])
+    cal = json.loads(own.read_text())
+    for timing in cal["models"]["target"]["forward"].values():
+        for k in timing:
+            timing[k] *= 2
+    cal["machine"] = "slow-target"
+    (own.parent / f"slow-target_{own.name.split('_', 1)[1]}").write_text(json.dumps(cal))
+    slow = remodel_speed(rec, rows, "slow-target")
+    assert rec.speed_machine == "slow-target"
+    assert [b["speed/modelled_ar_step_s"] for b in slow] == pytest.approx([2 * a["speed/modelled_ar_step_s"] for a in rows])
+    assert all(b["speed/modelled_sd_s"] > a["speed/modelled_sd_s"] for a, b in zip(rows, slow))
+    with pytest.raises(OmniDraftError, match=r"--speed-machine=nowhere: no calibration .*omnidraft calibrate"):
+        remodel_speed(rec, rows, "nowhere")
+    older = [{k: v for k, v in r.items() if k != "sd/step_feeds"} for r in rows]
+    assert remodel_speed(rec, older, "slow-target") == older
+
+
 def test_overlapping_slices_are_refused(tmp_path):
     with pytest.raises(OmniDraftError, match=r"share 2 prompt\(s\).*task.train.offset past the test slice \(>= 3\)"):
         run(_cfg(tmp_path, "r", *PROTOCOL, "task.train.offset=1"))
