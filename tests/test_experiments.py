@@ -156,6 +156,14 @@ def test_pooled_bootstrap_matches_the_point_estimate():
     assert st["speedup"] == pytest.approx((75 / 30) / ((3.0 / 30) / 0.05))
     assert st["acc_ci"][0] < st["acc"] < st["acc_ci"][1] and st["speedup_ci"][0] < st["speedup"] < st["speedup_ci"][1]
     assert st["seed_independent"] and st["n"] == 10
+    # seeds run on two machines (two speed models): the point estimate is the bootstrap's statistic of all rows
+    import numpy as np
+
+    from omnidraft.paper_tables import _stats, _vectors
+
+    mixed = [{**r, "speed/modelled_ar_step_s": 0.05 if i % 2 else 0.1} for i, r in enumerate(rows)]
+    st = cell_stats(Cell("t", "spd_dm", "gsm8k", [run], mixed), n_boot=50)
+    assert st["speedup"] == pytest.approx(float(_stats(_vectors(mixed), np.arange(len(mixed)))[1]))
 
 
 def test_row_orderings_are_compared_with_the_papers_pair_by_pair():
