@@ -207,10 +207,41 @@ def cell_fingerprint_of(config: dict[str, Any]) -> dict[str, Any]:
 
 def same_cell(written: dict[str, Any], fp: dict[str, Any]) -> bool:
     """Whether a finished run's ``config.yaml`` (``written``) computed the cell whose
-    :func:`cell_fingerprint` is ``fp``: every key it wrote has fp's value. Keys newer code added to
-    the config (absent from it) are no difference, as on resume (:func:`check_resume`): a key is
-    added with a default that keeps what ran before."""
-    return _diff(cell_fingerprint_of(written), fp) is None
+    :func:`cell_fingerprint` is ``fp``: every key it wrote has fp's value, and every key it lacks
+    (one newer code added) has its schema default in fp, the value that keeps what ran before. A
+    key it lacks that fp sets otherwise, or that the schema does not know, makes another cell."""
+    w = cell_fingerprint_of(written)
+    return _diff(w, fp) is None and _added_off_default(w, fp, schema_defaults()) is None
+
+
+_NO_DEFAULT = object()
+
+
+def schema_defaults() -> dict[str, Any]:
+    """The config schema's defaults as plain containers (:class:`omnidraft.config.Config`; its model,
+    task and method nodes from their own dataclasses)."""
+    from omnidraft.config import Config, MethodConfig, ModelConfig, TaskConfig
+
+    def plain(node) -> dict[str, Any]:
+        return OmegaConf.to_container(OmegaConf.structured(node), resolve=False, throw_on_missing=False)
+
+    return {**plain(Config), "target": plain(ModelConfig), "drafter": plain(ModelConfig),
+            "task": plain(TaskConfig), "method": plain(MethodConfig)}
+
+
+def _added_off_default(written: dict[str, Any], now: dict[str, Any], defaults: Any, prefix: str = "") -> str | None:
+    """The first key of ``now`` absent from ``written`` whose value is not its schema default (or
+    that the schema has no default for); None when there is none."""
+    for k, v in now.items():
+        d = defaults.get(k, _NO_DEFAULT) if isinstance(defaults, dict) else _NO_DEFAULT
+        if k not in written:
+            if d is _NO_DEFAULT or d != v:
+                return f"{prefix}{k}"
+        elif isinstance(v, dict) and isinstance(written[k], dict):
+            found = _added_off_default(written[k], v, d, f"{prefix}{k}.")
+            if found:
+                return found
+    return None
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> str | None:

@@ -355,6 +355,10 @@ def test_a_cell_is_shared_whatever_interpolation_source_or_code_version_wrote_it
     assert find_shared_cell(l_dm, tmp_path / "t14")[0] == src
     finished({**written, "method": {**written["method"], "k": int(written["method"]["k"]) + 1}}, "another")
     assert find_shared_cell(l_dm, tmp_path / "t14")[0] is None
+    # a key the older run lacks but this job sets off its default is another cell
+    finished(older, "a key older code computed")
+    confident = _compose(["experiment=paper/table14", "row=l_dm", *pair, "method.draft_length.min_prob=0.9"])
+    assert find_shared_cell(confident, tmp_path / "t14")[0] is None
 
 
 def test_tables_of_any_other_sweep_list_each_run_by_its_own_overrides(tmp_path):
