@@ -387,13 +387,12 @@ def find_shared_cell(cfg, run_dir):
     result identity, with its summary; (None, None) if none. The same identity: the summary's
     ``cell`` is this job's :func:`omnidraft.lifecycle.cell_key`, or, whatever code version wrote
     that key, its ``config.yaml`` holds this job's config (:func:`omnidraft.lifecycle.same_cell`)."""
-    import hashlib
     import json
     from pathlib import Path
 
     import yaml
 
-    from omnidraft.lifecycle import cell_fingerprint, same_cell
+    from omnidraft.lifecycle import cell_fingerprint, fingerprint_key, same_cell
 
     root = Path(cfg.paths.results_dir)
     fp = key = None
@@ -408,7 +407,7 @@ def find_shared_cell(cfg, run_dir):
             continue
         if fp is None:
             fp = cell_fingerprint(cfg)
-            key = hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()
+            key = fingerprint_key(fp)
         if s["cell"] == key:
             return f.parent, s
         try:

@@ -23,6 +23,7 @@ It reads only the config keys every command shares (``run_dir``, ``seed``, ``thr
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -187,10 +188,14 @@ def cell_key(cfg: DictConfig) -> str:
     """A run's result identity: the sha256 of its :func:`cell_fingerprint` (dtypes resolved; seed
     included). Two runs with the same key compute the same numbers, whatever experiment, table or
     directory they were launched from (a sweep shares them: :func:`omnidraft.cli.shared_cell`)."""
-    import hashlib
-    import json
+    return fingerprint_key(cell_fingerprint(cfg))
 
-    return hashlib.sha256(json.dumps(cell_fingerprint(cfg), sort_keys=True, default=str).encode()).hexdigest()
+
+def fingerprint_key(fp: dict[str, Any]) -> str:
+    """The sha256 of a fingerprint (its JSON with sorted keys): :func:`cell_key` of a computed one."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def cell_fingerprint(cfg: DictConfig) -> dict[str, Any]:
@@ -217,9 +222,10 @@ def same_cell(written: dict[str, Any], fp: dict[str, Any]) -> bool:
 _NO_DEFAULT = object()
 
 
+@functools.cache
 def schema_defaults() -> dict[str, Any]:
     """The config schema's defaults as plain containers (:class:`omnidraft.config.Config`; its model,
-    task and method nodes from their own dataclasses)."""
+    task and method nodes from their own dataclasses); built once, read only."""
     from omnidraft.config import Config, MethodConfig, ModelConfig, TaskConfig
 
     def plain(node) -> dict[str, Any]:
