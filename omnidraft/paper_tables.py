@@ -230,9 +230,10 @@ def _vectors(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
     v = {"acc": col("sd/accepted"), "prop": col("sd/proposed"), "new": col("sd/new_tokens"), "steps": col("sd/steps")}
     if rows and all("speed/modelled_sd_s" in r for r in rows):
+        # plain decoding of a row: its new tokens, each one plain step of its own target on its own machine
         v["sd_s"] = col("speed/modelled_sd_s")
-        v["ar_s"] = col("speed/modelled_ar_step_s")
-        v["ar_steps"] = np.ones(len(rows))
+        v["ar_s"] = v["new"] * col("speed/modelled_ar_step_s")
+        v["ar_steps"] = v["new"].copy()
     elif rows and all("ar/steps" in r for r in rows):
         v["sd_s"] = col("sd/draft_s") + col("sd/target_s")
         v["ar_s"] = col("ar/target_s")

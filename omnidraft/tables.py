@@ -382,10 +382,14 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
     if modelled:
         n_steps = total(modelled, "sd/steps")
         s["speed/sd_step_s"] = _ratio(total(modelled, "speed/modelled_sd_s"), n_steps)
-        # one plain step: the same on every row of one machine; rows pooled from several machines' models
-        # (cells over seeds) take their mean, as the cells' bootstrap does (omnidraft.paper_tables._stats)
+        # one plain step: the same on every row of one target and machine; rows of several (a target-switch
+        # stream, seeds modelled on two machines) take its mean weighted by each row's new tokens, so that
+        # plain decoding's modelled time is each row's tokens at its own target's step (as the cells'
+        # bootstrap does, omnidraft.paper_tables._stats)
         ar = [r["speed/modelled_ar_step_s"] for r in modelled]
-        s["speed/ar_step_s"] = ar[0] if len(set(ar)) == 1 else sum(ar) / len(ar)
+        new = total(modelled, "sd/new_tokens")
+        s["speed/ar_step_s"] = ar[0] if len(set(ar)) == 1 else (
+            sum(a * (r.get("sd/new_tokens") or 0) for a, r in zip(ar, modelled)) / new if new else sum(ar) / len(ar))
         s["speed/modelled_speedup"] = modelled_speedup(_ratio(total(modelled, "sd/new_tokens"), n_steps),
                                                        s["speed/sd_step_s"], s["speed/ar_step_s"])
     return s

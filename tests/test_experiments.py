@@ -160,10 +160,21 @@ def test_pooled_bootstrap_matches_the_point_estimate():
     import numpy as np
 
     from omnidraft.paper_tables import _stats, _vectors
+    from omnidraft.tables import summarise
 
     mixed = [{**r, "speed/modelled_ar_step_s": 0.05 if i % 2 else 0.1} for i, r in enumerate(rows)]
     st = cell_stats(Cell("t", "spd_dm", "gsm8k", [run], mixed), n_boot=50)
     assert st["speedup"] == pytest.approx(float(_stats(_vectors(mixed), np.arange(len(mixed)))[1]))
+    # a target-switch stream: rows of a slow and a fast target with different token counts. Plain decoding
+    # costs each row's tokens at its own target's step, so the speedup is sum(new * ar_step) / sum(sd_s),
+    # not the one from the unweighted mean step (42% lower on these rows)
+    switch = [{**r, "sd/new_tokens": 60 if i % 2 else 4, "speed/modelled_ar_step_s": 0.1 if i % 2 else 0.01}
+              for i, r in enumerate(rows)]
+    want = (5 * 60 * 0.1 + 5 * 4 * 0.01) / (10 * 0.3)
+    st = cell_stats(Cell("t", "hybrid", "gsm8k", [run], switch), n_boot=50)
+    assert st["speedup"] == pytest.approx(want)
+    assert float(_stats(_vectors(switch), np.arange(len(switch)))[1]) == pytest.approx(want)
+    assert summarise(switch, greedy=True)["speed/modelled_speedup"] == pytest.approx(want)
 
 
 def test_row_orderings_are_compared_with_the_papers_pair_by_pair():
