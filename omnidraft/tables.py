@@ -388,10 +388,10 @@ def summarise(rows: list[dict[str, Any]], greedy: bool, window: int = 50) -> dic
         # bootstrap does, omnidraft.paper_tables._stats)
         ar = [r["speed/modelled_ar_step_s"] for r in modelled]
         new = total(modelled, "sd/new_tokens")
-        s["speed/ar_step_s"] = ar[0] if len(set(ar)) == 1 else (
-            sum(a * (r.get("sd/new_tokens") or 0) for a, r in zip(ar, modelled)) / new if new else sum(ar) / len(ar))
-        s["speed/modelled_speedup"] = modelled_speedup(_ratio(total(modelled, "sd/new_tokens"), n_steps),
-                                                       s["speed/sd_step_s"], s["speed/ar_step_s"])
+        ar_time = sum(a * (r.get("sd/new_tokens") or 0) for a, r in zip(ar, modelled))
+        s["speed/ar_step_s"] = ar[0] if len(set(ar)) == 1 else (ar_time / new if new else sum(ar) / len(ar))
+        s["speed/modelled_speedup"] = modelled_speedup(_ratio(new, n_steps), s["speed/sd_step_s"],
+                                                       s["speed/ar_step_s"])
     return s
 
 
