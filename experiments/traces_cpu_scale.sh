@@ -10,7 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 XSUM=${OMNIDRAFT_XSUM:-../shared/data/xsum/test.jsonl}
-T=(.venv/bin/omnidraft trace decode.max_new_tokens=64 target.dtype=float32 threads=1 progress=false)
+# TRACE_BATCH prompts per forward (trace.batch_size; lines traced before it existed were decoded one by one)
+T=(.venv/bin/omnidraft trace decode.max_new_tokens=64 target.dtype=float32 threads=1 progress=false
+   trace.batch_size="${TRACE_BATCH:-16}")
 case "${1:?chain a, b or c}" in
   a)
     "${T[@]}" task=mbpp_humaneval task.offset=228 task.limit=100

@@ -13,7 +13,8 @@ A trace is a directory, by default ``<paths.results_dir>/traces/<target.name>/<t
   path, dtype, device, ``chat_template`` flag, ``tokenizer_hash``, the applied chat template's
   ``chat_template_sha256``), ``max_new_tokens``, ``temperature`` (0) and the task stream (name,
   source, templates, system prompt, components, shuffle and its seed); ``segments``, one per run
-  of the command: the first line it wrote (``start``), ``task_offset`` / ``task_limit``, git hash +
+  of the command: the first line it wrote (``start``), ``task_offset`` / ``task_limit``,
+  ``batch_size`` (``trace.batch_size``: prompts decoded together, :func:`greedy_batch`), git hash +
   dirty flag, CPU.
 - ``trace.jsonl``, one line per prompt turn, appended (write + flush + fsync) as each finishes:
   ``index`` (the record's position in the task's stream: ``task.offset`` + its place in the run),
@@ -43,10 +44,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from omnidraft.config import check_schema, task_templates
+from omnidraft.core import kv
 from omnidraft.core.decode import generate
 from omnidraft.data.models import load_model, sliding_window
 from omnidraft.data.tasks import Record, format_prompt, load_stream, render
@@ -472,6 +475,63 @@ def _check_context(lm, rid: str, n_prompt: int, max_new: int) -> None:
                              f"attention over {window}; lower decode.max_new_tokens or use shorter prompts")
 
 
+@torch.no_grad()
+def greedy_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_ids: set[int] | frozenset,
+                 pad_id: int = 0) -> list[tuple[list[int], str]]:
+    """The greedy continuations of several prompts, decoded together (one forward per token for the
+    whole batch).
+
+    Decoding a target on a CPU (or a large GPU) is bound by reading its weights, not by arithmetic,
+    so a batch of b prompts costs about one prompt's time per token. The prompts are left-padded
+    to one length; padded positions are masked out and every prompt's positions count from 0, so
+    each row computes what it would alone, up to float rounding (other matmul shapes): an argmax
+    changes only where two logits tie to within rounding. A row that has ended keeps being fed
+    (its further output is dropped) until every row has ended.
+
+    Args:
+        model: a causal LM (transformers: ``attention_mask``, ``position_ids``, ``cache``).
+        prompts: the prompts in target ids, chat template applied, each of length >= 1.
+        max_new_tokens: tokens to decode per prompt at most.
+        eos_ids: tokens that end a prompt's output (kept in it).
+        pad_id: the id put in padded positions (masked: any id).
+
+    Returns:
+        Per prompt, in order: its output ids (EOS included when reached) and ``eos`` or ``length``.
+    """
+    assert prompts and all(prompts), "empty prompt"
+    b, width = len(prompts), max(len(p) for p in prompts)
+    dev = model.device
+    ids = torch.full((b, width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[r, width - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = kv.new_cache(model)
+    mask = mask.to(dev)
+    logits = model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev), cache=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1]
+    nxt_pos = pos[:, -1:].to(dev) + 1
+    outs: list[list[int]] = [[] for _ in range(b)]
+    stops: list[str | None] = [None] * b
+    for _ in range(max_new_tokens):
+        nxt = logits.argmax(-1)
+        for r, t in enumerate(nxt.tolist()):
+            if stops[r] is None:
+                outs[r].append(int(t))
+                if t in eos_ids:
+                    stops[r] = "eos"
+                elif len(outs[r]) >= max_new_tokens:
+                    stops[r] = "length"
+        if all(s is not None for s in stops):
+            break
+        mask = torch.cat([mask, mask.new_ones((b, 1))], dim=1)
+        logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=nxt_pos, cache=cache,
+                       use_cache=True).logits[:, -1]
+        nxt_pos = nxt_pos + 1
+    return [(o, s or "length") for o, s in zip(outs, stops)]
+
+
 def _row(line: TraceLine) -> dict[str, Any]:
     """The metrics.jsonl row of one line."""
     n = len(line.output_ids)
@@ -555,7 +615,8 @@ def run_trace(cfg: DictConfig) -> dict[str, Any]:
     else:
         out.mkdir(parents=True, exist_ok=True)
         ctx.fresh()
-    ctx.segments[-1].update({"task_offset": off, "task_limit": t.limit})
+    ctx.segments[-1].update({"task_offset": off, "task_limit": t.limit,
+                             "batch_size": int(cfg.trace.batch_size)})
     write_json(out / META_FILE, {"format": FORMAT, "identity": ident, "segments": ctx.segments})
     log = ctx.open_log(sinks=False)
     added: list[TraceLine] = []
@@ -577,6 +638,37 @@ def run_trace(cfg: DictConfig) -> dict[str, Any]:
             generate(target.model, first[i], drafter=None, max_new_tokens=16, eos_ids=target.eos_ids)
         bar = tqdm(total=len(records), initial=complete, desc=f"trace {cfg.target.name} {t.name}", unit="prompt",
                    disable=not cfg.progress, dynamic_ncols=True)
+        def record(i: int, turn: int, ids: list[int], tokens: list[int], stop: str, wall_s: float) -> TraceLine:
+            r = records[i]
+            line = TraceLine(index=off + i, turn=turn, id=r.id, task=r.metadata.get("task", t.name),
+                             prompt_ids=list(ids), output_ids=list(tokens), stop=stop, wall_s=wall_s)
+            f.write(_line_text(line) + "\n")  # whole lines only: a crash leaves at most a cut tail
+            f.flush()
+            os.fsync(f.fileno())
+            added.append(line)
+            log.log(_row(line), step=len(done) + len(added) - 1)
+            return line
+
+        def advance() -> None:
+            bar.update(1)
+            toks, secs = sum(len(ln.output_ids) for ln in added), sum(ln.wall_s for ln in added)
+            bar.set_postfix({"tok/s": f"{toks / secs:.1f}" if secs > 0 else "-"})
+
+        batch = int(cfg.trace.batch_size)
+        if batch > 1:  # first turns together, grouped by prompt length (less padding); lines land as batches end
+            single = [i for i in todo if (off + i, 0) not in have]
+            single.sort(key=lambda i: len(first[i]))
+            pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+            for at in range(0, len(single), batch):
+                group = single[at: at + batch]
+                t0 = time.perf_counter()
+                outs = greedy_batch(target.model, [first[i] for i in group], n_new, target.eos_ids, pad_id=pad)
+                share = (time.perf_counter() - t0) / len(group)  # each line's share of the batch's time
+                for i, (tokens, stop) in sorted(zip(group, outs)):
+                    have[(off + i, 0)] = record(i, 0, first[i], tokens, stop, share)
+                    if len(records[i].turns) == 1:
+                        advance()
+            todo = [i for i in todo if len(records[i].turns) > 1]  # their later turns, one by one below
         for i in todo:
             r = records[i]
             history: list[dict[str, str]] = []
@@ -589,22 +681,13 @@ def run_trace(cfg: DictConfig) -> dict[str, Any]:
                         _check_context(target, f"{r.id} turn {turn + 1}", len(ids), n_new)
                     res = generate(target.model, ids, drafter=None, max_new_tokens=n_new,
                                    eos_ids=target.eos_ids, temperature=0.0)
-                    line = TraceLine(index=off + i, turn=turn, id=r.id, task=r.metadata.get("task", t.name),
-                                     prompt_ids=list(ids), output_ids=list(res.tokens), stop=res.stop,
-                                     wall_s=res.wall_s)
-                    f.write(_line_text(line) + "\n")  # whole lines only: a crash leaves at most a cut tail
-                    f.flush()
-                    os.fsync(f.fileno())
-                    added.append(line)
-                    log.log(_row(line), step=len(done) + len(added) - 1)
+                    line = record(i, turn, ids, res.tokens, res.stop, res.wall_s)
                 elif line.prompt_ids != ids:  # a later turn already traced, its history rebuilt
                     raise OmniDraftError(f"{lines_path}:{line_no[(off + i, turn)]}: the traced prompt of record "
                                          f"{r.id!r} turn {turn + 1} differs from this config's; trace into another "
                                          f"trace.out_dir (or delete {out})")
                 # the next turn is sent with this answer, as the stream runner does
                 history.append({"role": "assistant", "content": tok.decode(line.output_ids, skip_special_tokens=True)})
-            bar.update(1)
-            toks, secs = sum(len(ln.output_ids) for ln in added), sum(ln.wall_s for ln in added)
-            bar.set_postfix({"tok/s": f"{toks / secs:.1f}" if secs > 0 else "-"})
+            advance()
         bar.close()
     return ctx.summary

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, one_error_line
+from conftest import CONF_DIR, PROMPTS, eos_of, one_error_line
 from hydra import compose, initialize_config_dir
 
 from omnidraft.config import register_configs
@@ -20,7 +20,16 @@ from omnidraft.data.models import load_model
 from omnidraft.data.tasks import format_prompt, load_stream, render
 from omnidraft.errors import OmniDraftError
 from omnidraft.lifecycle import resolve_dtypes, to_plain
-from omnidraft.trace import LINES_FILE, check_trace, check_trace_config, read_trace, request_for, run_trace, trace_dir
+from omnidraft.trace import (
+    LINES_FILE,
+    check_trace,
+    check_trace_config,
+    greedy_batch,
+    read_trace,
+    request_for,
+    run_trace,
+    trace_dir,
+)
 
 TINY = ["target=tiny_qwen2", "task=synthetic", "decode.max_new_tokens=16", "logger=none", "progress=false"]
 
@@ -94,6 +103,39 @@ def test_cut_and_extended_trace_equals_uninterrupted(traced, tmp_path):
     again = _trace(tmp_path, "task.limit=5")  # complete: nothing to do, and nothing is written
     assert again["status"] == "ok" and again["n_added"] == 0 and again["n_lines"] == 5 and again["complete"]
     assert {n: (tmp_path / n).read_bytes() for n in before} == before
+
+
+def _by_key(lines: list[dict]) -> list[dict]:
+    return sorted(lines, key=lambda d: (d["index"], d["turn"]))
+
+
+@pytest.mark.parametrize("fixture", ["qwen_tiny", "llama3_tiny"])
+def test_greedy_batch_is_each_prompts_own_greedy_output(fixture, request):
+    """Decoded together (left-padded to one length), each prompt gets the tokens it gets alone,
+    and a row that reaches EOS stops there while the others go on."""
+    model, tok = request.getfixturevalue(fixture)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:6]]
+    assert len({len(p) for p in prompts}) > 3  # padding is exercised
+    alone = generate(model, prompts[0], drafter=None, max_new_tokens=12, eos_ids=eos_of(tok))
+    for eos in (eos_of(tok), {alone.tokens[3]}):  # the second: prompt 0 ends at its 4th token
+        outs = greedy_batch(model, prompts, 12, eos, pad_id=0)
+        for p, (out, stop) in zip(prompts, outs):
+            res = generate(model, p, drafter=None, max_new_tokens=12, eos_ids=eos)
+            assert out == res.tokens and stop == res.stop
+    assert outs[0][1] == "eos" and len(outs[0][0]) <= 4 and any(len(o) == 12 for o, _ in outs)
+
+
+def test_batched_trace_equals_one_by_one(traced, tmp_path):
+    """trace.batch_size > 1 writes the lines a one-by-one trace writes (in length order), continues a
+    cut trace the same way, and records each run's batch size."""
+    full = _by_key(_content(traced[0] / "full"))
+    s = _trace(tmp_path, "task.limit=2", "trace.batch_size=3")
+    assert s["n_added"] == 2
+    s = _trace(tmp_path, "task.limit=5", "trace.batch_size=2")  # the 3 left, in two batches
+    assert s["n_added"] == 3 and s["n_lines"] == 5 and s["resumed_at"] == 2
+    assert _by_key(_content(tmp_path / "tr")) == full
+    assert [g["batch_size"] for g in read_trace(tmp_path / "tr").meta["segments"]] == [3, 2]
+    assert all(ln.wall_s > 0 for ln in read_trace(tmp_path / "tr").lines)
 
 
 def test_changed_config_is_refused_before_loading(traced):
@@ -204,6 +246,8 @@ def test_two_turn_prompts_resume_mid_record(tmp_path):
     s = run_trace(_cfg(tmp_path, *over, name="cut"))
     assert s["n_added"] == 3 and s["resumed_at"] == 1
     assert _content(cut) == _content(tmp_path / "full")
+    run_trace(_cfg(tmp_path, *over, "trace.batch_size=2", name="batched"))  # first turns together, then the second
+    assert _by_key(_content(tmp_path / "batched")) == _content(tmp_path / "full")
 
     cfg = _cfg(tmp_path, *over, name="full")
     resolve_dtypes(cfg)
