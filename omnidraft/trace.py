@@ -352,6 +352,57 @@ def read_trace(path: str | Path) -> Trace:
     return Trace(d, meta, lines, {(ln.index, ln.turn): ln for ln in lines})
 
 
+def compare_traces(a: Trace, b: Trace) -> dict[str, Any]:
+    """How two traces of the same prompts agree, line by line (another batch size, dtype, thread
+    count or machine: greedy decoding is deterministic up to float rounding, so they differ only
+    after a near-tie).
+
+    Args:
+        a: one trace (e.g. decoded one prompt at a time).
+        b: the other; only the lines both hold are compared.
+
+    Returns:
+        ``lines`` compared, ``identical_lines`` and their share, ``tokens`` (of ``a``'s outputs),
+        ``tokens_before_first_difference`` summed over lines and its share, ``differing``: per
+        differing line its ``index``, ``turn`` and ``first_difference_at`` (output position), and
+        per trace its ``path``, ``dtype`` and the ``batch_sizes`` of the runs that wrote the compared
+        lines (``meta.json``'s segments).
+
+    Raises:
+        OmniDraftError: no line in common, or a line whose prompts differ (traces of another stream).
+    """
+    keys = sorted(set(a.by_key) & set(b.by_key))
+    if not keys:
+        raise OmniDraftError(f"{a.path} and {b.path} hold no prompt in common (index, turn): trace the same "
+                             "task.offset / task.limit into both")
+    same = toks = agree = 0
+    differing: list[dict[str, int]] = []
+    for key in keys:
+        x, y = a.by_key[key], b.by_key[key]
+        if x.prompt_ids != y.prompt_ids:
+            raise OmniDraftError(f"index {key[0]} turn {key[1]}: the two traces hold different prompts ({a.path}, "
+                                 f"{b.path}): they trace other streams or templates")
+        n = 0
+        while n < min(len(x.output_ids), len(y.output_ids)) and x.output_ids[n] == y.output_ids[n]:
+            n += 1
+        toks, agree = toks + len(x.output_ids), agree + n
+        if x.output_ids == y.output_ids:
+            same += 1
+        else:
+            differing.append({"index": key[0], "turn": key[1], "first_difference_at": n})
+
+    def about(t: Trace) -> dict[str, Any]:  # the batch sizes of the runs that wrote the compared lines
+        segs = [(int(g.get("start", 0)), int(g.get("batch_size", 1))) for g in t.meta.get("segments", [])]
+        wrote = {(ln.index, ln.turn): ([b for at, b in segs if at <= n] or [1])[-1]  # the last run to start by then
+                 for n, ln in enumerate(t.lines)}
+        return {"path": str(t.path), "dtype": t.identity["target"].get("dtype"),
+                "batch_sizes": sorted({wrote[k] for k in keys})}
+
+    return {"lines": len(keys), "identical_lines": same, "identical_share": same / len(keys), "tokens": toks,
+            "tokens_before_first_difference": agree, "token_share": agree / toks if toks else 1.0,
+            "differing": differing, "a": about(a), "b": about(b)}
+
+
 def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

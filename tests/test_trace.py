@@ -24,6 +24,7 @@ from omnidraft.trace import (
     LINES_FILE,
     check_trace,
     check_trace_config,
+    compare_traces,
     greedy_batch,
     read_trace,
     request_for,
@@ -136,6 +137,27 @@ def test_batched_trace_equals_one_by_one(traced, tmp_path):
     assert _by_key(_content(tmp_path / "tr")) == full
     assert [g["batch_size"] for g in read_trace(tmp_path / "tr").meta["segments"]] == [3, 2]
     assert all(ln.wall_s > 0 for ln in read_trace(tmp_path / "tr").lines)
+    report = compare_traces(read_trace(traced[0] / "full"), read_trace(tmp_path / "tr"))
+    assert report["identical_lines"] == report["lines"] == 5 and report["differing"] == []
+    assert report["a"]["batch_sizes"] == [1] and report["b"]["batch_sizes"] == [2, 3]
+    late = compare_traces(read_trace(traced[0] / "full"), dataclasses.replace(
+        read_trace(tmp_path / "tr"), by_key={k: v for k, v in read_trace(tmp_path / "tr").by_key.items() if k[0] >= 2}))
+    assert late["lines"] == 3 and late["b"]["batch_sizes"] == [2]  # the lines the second run wrote
+
+
+def test_compare_traces_finds_the_first_differing_token(traced, tmp_path):
+    a = read_trace(traced[0] / "full")
+    b = read_trace(traced[0] / "full")
+    line = b.by_key[(3, 0)]
+    b.by_key[(3, 0)] = dataclasses.replace(line, output_ids=line.output_ids[:5] + [line.output_ids[5] + 1])
+    del b.by_key[(4, 0)]  # only the lines both hold are compared
+    r = compare_traces(a, b)
+    assert r["lines"] == 4 and r["identical_lines"] == 3 and r["differing"] == [
+        {"index": 3, "turn": 0, "first_difference_at": 5}]
+    assert r["tokens_before_first_difference"] == r["tokens"] - len(line.output_ids) + 5
+    b.by_key[(0, 0)] = dataclasses.replace(b.by_key[(0, 0)], prompt_ids=[1, 2, 3])
+    with pytest.raises(OmniDraftError, match="index 0 turn 0: the two traces hold different prompts"):
+        compare_traces(a, b)
 
 
 def test_changed_config_is_refused_before_loading(traced):
