@@ -332,8 +332,8 @@ class TraceConfig:
 
     out_dir: Optional[str] = None  # null: <paths.results_dir>/traces/<target.name>/<task.name>
     # prompts decoded together (omnidraft.trace.greedy_batch): decoding is bound by reading the target's
-    # weights, so a batch costs about one prompt's time per token. 1: each prompt alone, through the decode
-    # loop. Recorded per run in meta.json's segments; a later turn (MT-Bench) is always decoded alone.
+    # weights, so a batch costs far less per token than its prompts one by one. 1: each prompt alone, through
+    # the decode loop. Recorded per run in meta.json's segments; a later turn (MT-Bench) is always decoded alone.
     batch_size: int = in_range(1, default=1)
 
 
