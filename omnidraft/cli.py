@@ -231,7 +231,8 @@ def _run(config_name: str, cfg):
 def _tables(argv: list[str]) -> None:
     """``omnidraft tables GROUP [--results DIR]``: write and print ``<results>/<group>/table.md``;
     ``omnidraft tables DIR``: the paper tables of the experiment runs under DIR (a sweep directory
-    or a results directory), written into DIR (:mod:`omnidraft.paper_tables`).
+    or a results directory), written into DIR (:mod:`omnidraft.paper_tables`); ``omnidraft tables DIR
+    --overview``: DIR/overview.md, every paper table under DIR at a glance.
 
     Args:
         argv: the arguments after ``tables``.
@@ -246,11 +247,20 @@ def _tables(argv: list[str]) -> None:
     p.add_argument("group", help=f"one of {', '.join(GROUPS)}, or a directory of paper-experiment runs")
     p.add_argument("--results", type=Path, default=Path("results"), help="the results directory (default: results)")
     p.add_argument("--no-plots", action="store_true", help="paper tables: skip the PNG plots")
+    p.add_argument("--overview", action="store_true",
+                   help="paper tables: write DIR/overview.md, every table under DIR at a glance (seeds, pairs "
+                        "against the paper), from the tables' JSON files; the tables themselves are left as they are")
     p.add_argument("--speed-machine", metavar="MACHINE", default=None,
                    help="paper tables: model every replay's speed with this machine's latency calibrations (its "
                         "file-name slug, e.g. intel-xeon-processor-amx), so cells run on different machines compare")
     args = p.parse_args(argv)
     try:
+        if args.overview:
+            from omnidraft.paper_tables import write_overview
+
+            path = write_overview(Path(args.group))
+            print(path.read_text(encoding="utf-8"))
+            return
         if args.group not in GROUPS and (Path(args.group).is_dir() or "/" in args.group):
             from omnidraft.paper_tables import write_paper_tables
 

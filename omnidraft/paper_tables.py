@@ -489,21 +489,56 @@ def _ranking(ours: dict[str, dict[str, Any]], label=lambda r: LABELS.get(r, r)) 
     return text
 
 
-def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str]:
-    """Markdown: per target of ours and column, our rows best first and the paper's order of the same
-    rows, with every pair's verdict (:func:`compare_orderings`), against each paper target. A table of
-    one row (Table 12: the LoRA rank) ranks its columns instead, per row."""
-    rows, cols, targets = _order(spec, cells)
+def ordering_groups(spec: dict[str, Any], stats: dict) -> list[dict[str, Any]]:
+    """Every comparison of our ordering with the paper's: per target of ours, held value (a column, or
+    for a one-row table such as Table 12 its row, whose columns are then ranked) and paper target
+    with at least two items both report.
+
+    Args:
+        spec: the paper table (:func:`spec_of`).
+        stats: (target, row, column) -> cell stats (:func:`cell_stats`), cells without stats left out.
+
+    Returns:
+        Dicts with ``target``, ``held``, ``paper_target``, ``by_col`` (columns ranked), ``ours`` (item
+        -> stats), ``paper`` (item -> the paper's acceptance, shared items only) and ``verdicts``
+        (:func:`compare_orderings`).
+    """
+    rows, cols, targets = _order(spec, stats)
     paper_targets = list(dict.fromkeys(c.get("target") for c in spec["cells"] if "acc" in c))
-    if not paper_targets:
-        return []
     by_col = len(spec.get("rows") or []) == 1
-    ranked, held = ("column", "row") if by_col else ("row", "column")
-    short = str(spec["cols"]).rsplit(".", 1)[-1]
 
     def split(row: str, col: Any) -> tuple[str, str]:
         """A cell's (ranked item, held value)."""
         return (str(col), row) if by_col else (row, str(col))
+
+    out = []
+    for tgt in targets:
+        for h in (rows if by_col else [str(c) for c in cols]):
+            ours = {split(k[1], k[2])[0]: stats[k] for k in stats
+                    if k[0] == tgt and split(k[1], k[2])[1] == h and stats.get(k)}
+            if len(ours) < 2:
+                continue
+            for pt in paper_targets:
+                paper = {split(x["row"], x["col"])[0]: float(x["acc"]) for x in spec["cells"]
+                         if x.get("target") == pt and split(x["row"], x["col"])[1] == h and "acc" in x}
+                paper = {r: v for r, v in paper.items() if r in ours}
+                if len(paper) < 2:
+                    continue
+                out.append({"target": tgt, "held": h, "paper_target": pt, "by_col": by_col, "ours": ours,
+                            "paper": paper, "verdicts": compare_orderings(ours, paper)})
+    return out
+
+
+def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str]:
+    """Markdown: per target of ours and column, our rows best first and the paper's order of the same
+    rows, with every pair's verdict (:func:`compare_orderings`), against each paper target. A table of
+    one row (Table 12: the LoRA rank) ranks its columns instead, per row."""
+    groups = ordering_groups(spec, {k: stats.get(k) for k in cells if stats.get(k)})
+    if not groups:
+        return []
+    by_col = groups[0]["by_col"]
+    ranked, held = ("column", "row") if by_col else ("row", "column")
+    short = str(spec["cols"]).rsplit(".", 1)[-1]
 
     def label(item: str) -> str:
         return f"{short}={item}" if by_col else LABELS.get(item, item)
@@ -519,26 +554,15 @@ def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str
            "pairs the paper reports equal are listed with the paper's order.", "",
            f"| target | {held} | ours | paper (target) | agree | agree, CIs overlap | reversed, CIs overlap | reversed |",
            "|---|---|---|---|---|---|---|---|"]
-    for tgt in targets:
-        for h in (rows if by_col else [str(c) for c in cols]):
-            ours = {split(k[1], k[2])[0]: stats[k] for k in cells
-                    if k[0] == tgt and split(k[1], k[2])[1] == h and stats.get(k)}
-            if len(ours) < 2:
-                continue
-            for pt in paper_targets:
-                paper = {split(x["row"], x["col"])[0]: float(x["acc"]) for x in spec["cells"]
-                         if x.get("target") == pt and split(x["row"], x["col"])[1] == h and "acc" in x}
-                shared = [r for r in paper if r in ours]
-                if len(shared) < 2:
-                    continue
-                v = compare_orderings(ours, paper)
-                p_order = " > ".join(f"{label(r)} ({paper[r]:.3g})" for r in sorted(shared, key=lambda r: -paper[r]))
-                ties = "".join(f"; tie: {label(a)} = {label(b)}" for a, b in v["paper_tie"])
-                out.append(f"| {tgt} | {LABELS.get(h, h)} | {_ranking(ours, label)} | {p_order} "
-                           f"({TARGET_NAMES.get(pt, pt)}){ties} | {names(v['agree'])} | "
-                           f"{names(v['agree_ci_overlap'], v['no_ci'])} | "
-                           f"{names(v['reversed_ci_overlap'], v['no_ci'])} | {names(v['reversed'])} |")
-    return out + [""] if len(out) > 6 else []  # a header alone: nothing both report twice
+    for g in groups:
+        ours, paper, v = g["ours"], g["paper"], g["verdicts"]
+        p_order = " > ".join(f"{label(r)} ({paper[r]:.3g})" for r in sorted(paper, key=lambda r: -paper[r]))
+        ties = "".join(f"; tie: {label(a)} = {label(b)}" for a, b in v["paper_tie"])
+        out.append(f"| {g['target']} | {LABELS.get(g['held'], g['held'])} | {_ranking(ours, label)} | {p_order} "
+                   f"({TARGET_NAMES.get(g['paper_target'], g['paper_target'])}){ties} | {names(v['agree'])} | "
+                   f"{names(v['agree_ci_overlap'], v['no_ci'])} | "
+                   f"{names(v['reversed_ci_overlap'], v['no_ci'])} | {names(v['reversed'])} |")
+    return out + [""]
 
 
 def cells_runs(cells: dict) -> list[Run]:
@@ -698,7 +722,8 @@ def _provenance(runs: list[Run]) -> dict[str, Any]:
 def write_paper_tables(root: Path, plots: bool = True, speed_machine: str | None = None) -> list[Path]:
     """Every paper experiment's table (Markdown, LaTeX, JSON of the cells) and plots for the runs
     under ``root``, written into ``root`` (one set per experiment found); with ``speed_machine``,
-    replays' speedups modelled under that machine's calibrations (:func:`remodel_speed`).
+    replays' speedups modelled under that machine's calibrations (:func:`remodel_speed`). An
+    ``overview.md`` one or two directories up (:func:`write_overview`) is written again.
 
     Raises:
         OmniDraftError: ``root`` is not a directory, or holds no run of a paper experiment.
@@ -738,7 +763,97 @@ def write_paper_tables(root: Path, plots: bool = True, speed_machine: str | None
         written += [md, tex, js]
         if plots:
             written += plot_runs(name, rs, root, spec, stats)
+    for up in (root.parent, root.parent.parent):  # results/paper/<table>/<scale>: keep results/paper's overview true
+        if (up / OVERVIEW).is_file():
+            written.append(write_overview(up))
+            break
     return written
+
+
+OVERVIEW = "overview.md"
+
+
+def _experiment_key(name: str) -> tuple:
+    """Paper order: tables by number (table6 before table6_t1), then the figures and the rest."""
+    digits = "".join(ch for ch in name.removeprefix("table").split("_")[0] if ch.isdigit())
+    return (0, int(digits), name) if name.startswith("table") and digits else (1, 0, name)
+
+
+def render_overview(root: Path, seeds: int = 3) -> str:
+    """Every paper table under ``root`` at a glance, from the JSON files ``omnidraft tables <sweep
+    dir>`` writes (``<dir>/<experiment>.json``): its cells, how many of the cells that train have
+    ``seeds`` seeds, and its row pairs against the paper's by verdict (:func:`ordering_groups`),
+    then each pair reversed with separated intervals, the ones LOG.md must give a reason for.
+
+    Raises:
+        OmniDraftError: ``root`` holds no paper table's JSON file.
+    """
+    found = []
+    for f in sorted(root.rglob("*.json")):
+        if "state" in f.parts or f.name in ("summary.json", "provenance.json", "meta.json"):
+            continue
+        try:
+            d = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and str(d.get("experiment", "")) == f"paper/{f.stem}" and isinstance(d.get("cells"), list):
+            found.append((f, d))
+    if not found:
+        raise OmniDraftError(f"{root}: no paper table's JSON file under it (<table>/<scale>/<table>.json); "
+                             "write them first with `omnidraft tables results/paper/<table>/<scale>`")
+    found.sort(key=lambda fd: (_experiment_key(fd[0].stem), str(fd[0])))
+    verdicts = ("agree", "agree_ci_overlap", "reversed_ci_overlap", "reversed")
+    out = ["# The paper's tables at a glance", "",
+           f"Generated by `omnidraft tables {root.as_posix()} --overview` from each table's JSON file (written by "
+           "`omnidraft tables <sweep dir>`, so regenerate those first). Pairs: the rows (Table 12: the LoRA ranks) "
+           "that ours and the paper both report, per column and paper target, by acceptance: agree (same order, "
+           "our 95% intervals separate) / agree, CIs overlap / reversed, CIs overlap / reversed (intervals "
+           f"separate). Trained cells need {seeds} seeds; frozen greedy cells are seed-independent and run once.", "",
+           "| experiment | table | cells | trained cells at "
+           f"{seeds} seeds | seeds per trained cell | pairs: agree / agree, overlap / reversed, overlap / reversed | "
+           "failed runs |",
+           "|---|---|---:|---:|---|---|---:|"]
+    reversed_lines = []
+    for f, d in found:
+        name = f.stem
+        spec = spec_of(name)
+        stats = {(c["target"], c["row"], c["col"]): {**c, "acc_ci": tuple(c["acc_ci"]) if c.get("acc_ci") else None}
+                 for c in d["cells"]}
+        trained = [c for c in d["cells"] if not c.get("seed_independent")]
+        n_seeds = sorted({len(c.get("seeds") or []) for c in trained})
+        count = {v: 0 for v in verdicts}
+        for g in ordering_groups(spec, stats):
+            for v in verdicts:
+                count[v] += len(g["verdicts"][v])
+            for hi, lo in g["verdicts"]["reversed"]:
+                label = (lambda x: f"{str(spec['cols']).rsplit('.', 1)[-1]}={x}") if g["by_col"] else \
+                    (lambda x: LABELS.get(x, x))
+                where = f"{LABELS.get(g['held'], g['held'])}, {TARGET_NAMES.get(g['paper_target'], g['paper_target'])}"
+                reversed_lines.append(
+                    f"- {name} ({f.parent.name}), {g['target']}, {where}: ours {label(lo)} "
+                    f"{g['ours'][lo]['acc']:.3f} [{g['ours'][lo]['acc_ci'][0]:.3f}, {g['ours'][lo]['acc_ci'][1]:.3f}] "
+                    f"above {label(hi)} {g['ours'][hi]['acc']:.3f} [{g['ours'][hi]['acc_ci'][0]:.3f}, "
+                    f"{g['ours'][hi]['acc_ci'][1]:.3f}]; the paper {label(hi)} {g['paper'][hi]:.3g} above "
+                    f"{label(lo)} {g['paper'][lo]:.3g}")
+        pairs = (" / ".join(str(count[v]) for v in verdicts) if any(count.values())
+                 else "– (no pair both report)" if any("acc" in c for c in spec["cells"]) else "– (no paper numbers)")
+        full = sum(len(c.get("seeds") or []) >= seeds for c in trained)
+        spread = "–" if not n_seeds else (f"{n_seeds[0]}" if len(n_seeds) == 1 else f"{n_seeds[0]}-{n_seeds[-1]}")
+        link = f.relative_to(root).with_suffix(".md").as_posix()
+        out.append(f"| {name} ({f.parent.name}) | [{link}]({link}) | {len(d['cells'])} | {full}/{len(trained)} | "
+                   f"{spread} | {pairs} | {len(d.get('failed') or [])} |")
+    out += ["", "## Reversed with separated intervals", ""]
+    out += reversed_lines or ["None."]
+    return "\n".join(out) + "\n"
+
+
+def write_overview(root: Path, seeds: int = 3) -> Path:
+    """``<root>/overview.md`` (:func:`render_overview`)."""
+    if not root.is_dir():
+        raise OmniDraftError(f"{root}: not a directory; pass the directory that holds the paper tables (results/paper)")
+    path = root / OVERVIEW
+    path.write_text(render_overview(root, seeds), encoding="utf-8")
+    return path
 
 
 def _overrides(run: Run) -> list[str]:

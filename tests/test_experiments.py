@@ -127,10 +127,13 @@ def test_every_experiment_runs_as_a_tiny_multirun(smoke):
 
 
 def test_tables_of_a_sweep_in_the_paper_layout(smoke):
-    _, out = smoke
+    tmp, out = smoke
     d, _ = out["paper/table5"]
+    (tmp / "overview.md").write_text("stale")  # an overview above the sweep dir is kept true
     files = {p.name for p in write_paper_tables(d)}
-    assert {"table5.md", "table5.tex", "table5.json", "table5_acceptance.png", "table5_draft_length.png"} <= files
+    assert {"table5.md", "table5.tex", "table5.json", "table5_acceptance.png", "table5_draft_length.png",
+            "overview.md"} <= files
+    assert "| table5 (paper_table5) | [paper_table5/table5.md](paper_table5/table5.md) | 10 |" in (tmp / "overview.md").read_text()
     md = (d / "table5.md").read_text()
     assert "| SpD_DM | 3 |" in md and "| L_DM + cache | 4 |" in md and "paper" in md
     cells = json.loads((d / "table5.json").read_text())["cells"]
@@ -452,3 +455,48 @@ def test_plan_costs_a_job_from_runs_on_its_engine_scaled_to_its_own_prompts(tmp_
     assert lone[0].seconds == pytest.approx(5.0 + 2 * 10.0 + 6 * 1.0)
     assert lone[0].estimated_from == ("1 of other tables' runs, that train, any engine, some replay: this job "
                                       "runs live, so the estimate is rough")
+
+
+def _table_json(path: Path, name: str, cells: list[dict]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{name}.json").write_text(json.dumps({"experiment": f"paper/{name}", "provenance": {}, "cells": cells,
+                                                   "failed": []}))
+
+
+def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_path):
+    """``omnidraft tables DIR --overview``: per table JSON under DIR, its cells, the trained cells at 3
+    seeds, the pairs by verdict against every paper target, and each pair reversed with separated
+    intervals spelled out; a table whose paper cells share no pair with ours says so; files that
+    are not a table's JSON are ignored; a directory without any gives one error line."""
+    from omnidraft.paper_tables import render_overview
+
+    def cell(row, acc, lo, hi, seeds, frozen=False, col="gsm8k", target="t"):
+        return {"target": target, "row": row, "col": col, "n": 50 * len(seeds), "seeds": seeds,
+                "seed_independent": frozen, "acc": acc, "acc_ci": [lo, hi]}
+
+    # the paper (Table 1, GSM8K): hybrid > l_dm > spd_dm for Llama3-8B and Qwen2-7B alike; ours puts
+    # l_dm above hybrid with separated intervals
+    _table_json(tmp_path / "table1" / "cpu", "table1", [
+        cell("spd_dm", 0.30, 0.28, 0.32, [0], frozen=True), cell("l_dm", 0.50, 0.47, 0.53, [0, 1, 2]),
+        cell("hybrid", 0.40, 0.37, 0.43, [0, 1])])
+    _table_json(tmp_path / "table3" / "cpu", "table3", [  # the paper gives Table 3's hybrid row only
+        cell("spd_dm", 0.3, 0.2, 0.4, [0], frozen=True), cell("hybrid", 0.4, 0.3, 0.5, [0, 1, 2])])
+    run = tmp_path / "table1" / "cpu" / "some_run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"experiment": "paper/summary", "cells": []}))
+    text = render_overview(tmp_path)
+    assert "| table1 (cpu) | [table1/cpu/table1.md](table1/cpu/table1.md) | 3 | 1/2 | 2-3 | 4 / 0 / 0 / 2 | 0 |" in text
+    assert "| table3 (cpu) | [table3/cpu/table3.md](table3/cpu/table3.md) | 2 | 1/1 | 3 | – (no pair both report) | 0 |" in text
+    assert text.index("table1 (cpu)") < text.index("table3 (cpu)") and "summary" not in text.split("## Reversed")[0]
+    rev = text.split("## Reversed with separated intervals")[1]
+    assert ("- table1 (cpu), t, gsm8k, Llama3-8B: ours L_DM 0.500 [0.470, 0.530] above L_DM + λ L_Ngram 0.400 "
+            "[0.370, 0.430]; the paper L_DM + λ L_Ngram 0.42 above L_DM 0.32") in rev
+    assert rev.count("\n- ") == 2  # the same pair against Qwen2-7B
+    _table_json(tmp_path / "table1" / "cpu", "table1", [cell("l_dm", 0.3, 0.2, 0.4, [0]), cell("hybrid", 0.4, 0.3, 0.5, [0])])
+    assert "## Reversed with separated intervals\n\nNone." in render_overview(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    (tmp_path / "empty").mkdir()
+    p = subprocess.run([sys.executable, "-m", "omnidraft", "tables", str(tmp_path / "empty"), "--overview"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 2
+    one_error_line(p, "empty", "no paper table's JSON file")

@@ -86,6 +86,15 @@ def test_committed_tables_regenerate_from_committed_results_unchanged(group):
     assert tables.render(group, ROOT / "results") == committed.read_text()
 
 
+def test_the_committed_paper_overview_regenerates_from_the_committed_tables_unchanged(monkeypatch):
+    """results/paper/overview.md is `omnidraft tables results/paper --overview` of the committed tables'
+    JSON files (`omnidraft tables results/paper/<table>/<scale>` writes it again with each table)."""
+    from omnidraft.paper_tables import OVERVIEW, render_overview
+
+    monkeypatch.chdir(ROOT)
+    assert render_overview(Path("results/paper")) == (ROOT / "results" / "paper" / OVERVIEW).read_text(encoding="utf-8")
+
+
 def _generation(tokens: list[int], steps: list[tuple[int, int, int]], wall: float) -> GenerationResult:
     return GenerationResult(tokens=tokens, steps=[StepRecord(p, a, e, 0.01 * p, 0.1) for p, a, e in steps],
                             wall_s=wall, prefill_s=0.05)
