@@ -288,7 +288,7 @@ def _plan(argv: list[str]) -> None:
 
     from omnidraft.config import register_configs
     from omnidraft.errors import OmniDraftError
-    from omnidraft.plan import Job, classify, estimate, finished_runs, override_dirname, render, summary_of
+    from omnidraft.plan import Job, classify, estimate, finished_runs, override_dirname, render, summary_of, to_json
 
     out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
     overrides = [a for a in argv if not a.startswith("-")]
@@ -324,10 +324,16 @@ def _plan(argv: list[str]) -> None:
     except OmniDraftError as e:
         _fail(_first_line(e))
     estimate(jobs, finished_runs(paper_dir, scale) if jobs else [])
-    text = render(jobs, "omnidraft -m " + " ".join(overrides))
-    if out:
+    command = "omnidraft -m " + " ".join(overrides)
+    text = render(jobs, command)
+    if out:  # FILE and, beside it, FILE's stem + .json (the same plan as data; results/paper/overview.md reads it)
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text, encoding="utf-8")
+        if Path(out).suffix != ".json":
+            import json
+
+            Path(out).with_suffix(".json").write_text(json.dumps(to_json(jobs, command), indent=1) + "\n",
+                                                      encoding="utf-8")
     print(text)
 
 

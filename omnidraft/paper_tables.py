@@ -811,11 +811,20 @@ def render_overview(root: Path, seeds: int = 3) -> str:
            f"separate). Trained cells need {seeds} seeds; frozen greedy cells are seed-independent and run once.", "",
            "| experiment | table | cells | trained cells at "
            f"{seeds} seeds | seeds per trained cell | pairs: agree / agree, overlap / reversed, overlap / reversed | "
-           "failed runs |",
-           "|---|---|---:|---:|---|---|---:|"]
+           "failed runs | left by its plan |",
+           "|---|---|---:|---:|---|---|---:|---|"]
     reversed_lines = []
+    left: dict[str, dict[str, float]] = {}  # scale -> job name -> core-seconds (a cell two tables share, once)
     for f, d in found:
         name = f.stem
+        plan_file = root / "plans" / f"{name}_{f.parent.name}.json"
+        plan = json.loads(plan_file.read_text(encoding="utf-8")) if plan_file.is_file() else None
+        if plan:
+            todo = [j for j in plan["jobs"] if j["status"] in ("to run", "partial", "failed")]
+            left.setdefault(f.parent.name, {}).update({j["name"]: j["core_s"] or 0.0 for j in todo})
+            plan_text = f"~{plan['totals']['left_core_hours']:.1f} core-h, {len(todo)} jobs"
+        else:
+            plan_text = "no plan"
         spec = spec_of(name)
         stats = {(c["target"], c["row"], c["col"]): {**c, "acc_ci": tuple(c["acc_ci"]) if c.get("acc_ci") else None}
                  for c in d["cells"]}
@@ -841,7 +850,12 @@ def render_overview(root: Path, seeds: int = 3) -> str:
         spread = "–" if not n_seeds else (f"{n_seeds[0]}" if len(n_seeds) == 1 else f"{n_seeds[0]}-{n_seeds[-1]}")
         link = f.relative_to(root).with_suffix(".md").as_posix()
         out.append(f"| {name} ({f.parent.name}) | [{link}]({link}) | {len(d['cells'])} | {full}/{len(trained)} | "
-                   f"{spread} | {pairs} | {len(d.get('failed') or [])} |")
+                   f"{spread} | {pairs} | {len(d.get('failed') or [])} | {plan_text} |")
+    if left:
+        out += ["", "Left by the plans (`omnidraft plan experiment=paper/<table> scale=<scale> seed=0,1,2 "
+                "--out=<this dir>/plans/<table>_<scale>.md`, as last written; a job two tables share counted once): "
+                + "; ".join(f"{sc}: ~{sum(v.values()) / 3600:.1f} core-hours, {len(v)} jobs" for sc, v in sorted(left.items()))
+                + "."]
     out += ["", "## Reversed with separated intervals", ""]
     out += reversed_lines or ["None."]
     return "\n".join(out) + "\n"

@@ -210,6 +210,27 @@ def estimate(jobs: list[Job], others: list[Job] = ()) -> None:
                 break
 
 
+def totals(jobs: list[Job]) -> dict[str, Any]:
+    """The plan's totals: jobs by status, core-hours measured (done) and estimated (left), and how many
+    jobs left have no finished run alike to cost them from."""
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j.status] = counts.get(j.status, 0) + 1
+    left = [j for j in jobs if j.status in ("to run", "partial", "failed")]
+    return {"jobs": len(jobs), "by_status": counts,
+            "done_core_hours": sum(j.seconds or 0.0 for j in jobs if j.status == "done") / 3600,
+            "left_jobs": len(left), "left_core_hours": sum(j.seconds or 0.0 for j in left) / 3600,
+            "left_uncosted": sum(1 for j in left if j.seconds is None)}
+
+
+def to_json(jobs: list[Job], command: str) -> dict[str, Any]:
+    """The plan as data (written beside the Markdown): the command, each job's status and core-seconds
+    (``estimated``: from finished runs alike), and :func:`totals`."""
+    return {"command": command, "totals": totals(jobs),
+            "jobs": [{"name": j.name, "status": j.status, "core_s": j.seconds, "estimated": bool(j.estimated_from),
+                      "row": j.row, "task": j.task, "trains": j.trains} for j in jobs]}
+
+
 def render(jobs: list[Job], command: str) -> str:
     """The plan as Markdown: per job its status and cost, then the totals in core-hours."""
     out = [f"# Plan: `{command}`", "",
@@ -220,14 +241,10 @@ def render(jobs: list[Job], command: str) -> str:
         cost = "–" if j.seconds is None else f"{'~' if j.estimated_from else ''}{j.seconds / 60:.0f}"
         note = "; estimate: ".join(x for x in (j.note, j.estimated_from) if x)
         out.append(f"| `{j.name}` | {j.status} | {cost} | {note} |")
-    counts: dict[str, int] = {}
-    for j in jobs:
-        counts[j.status] = counts.get(j.status, 0) + 1
-    spent = sum(j.seconds or 0.0 for j in jobs if j.status == "done")
-    left = [j for j in jobs if j.status in ("to run", "partial", "failed")]
-    unknown = sum(1 for j in left if j.seconds is None)
-    todo = sum(j.seconds or 0.0 for j in left)
-    out += ["", f"Jobs: {len(jobs)} ({', '.join(f'{v} {k}' for k, v in counts.items())}).",
-            f"Done: {spent / 3600:.1f} core-hours measured. Left: {len(left)} jobs, ~{todo / 3600:.1f} core-hours"
+    t = totals(jobs)
+    unknown = t["left_uncosted"]
+    out += ["", f"Jobs: {t['jobs']} ({', '.join(f'{v} {k}' for k, v in t['by_status'].items())}).",
+            f"Done: {t['done_core_hours']:.1f} core-hours measured. Left: {t['left_jobs']} jobs, "
+            f"~{t['left_core_hours']:.1f} core-hours"
             + (f" (+{unknown} with no finished run alike to cost them from)" if unknown else "") + ".", ""]
     return "\n".join(out)

@@ -246,6 +246,11 @@ def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_j
     assert text.count("| done |") == 2 and text.count("| failed |") == 2
     assert "missing.jsonl" in text and "Jobs: 4 (2 done, 2 failed)" in text and "Left: 2 jobs, ~" in text
     assert all(f"`{r.path.relative_to(d)}` | done" in text for r in ok)  # the whole name: task.path holds '/'
+    data = json.loads((tmp_path / "plan.json").read_text())  # the same plan as data, beside it
+    assert data["totals"]["by_status"] == {"done": 2, "failed": 2} and data["totals"]["left_jobs"] == 2
+    assert sorted(j["status"] for j in data["jobs"]) == ["done", "done", "failed", "failed"]
+    assert data["totals"]["done_core_hours"] == pytest.approx(
+        sum(j["core_s"] for j in data["jobs"] if j["status"] == "done") / 3600)
 
     bad = subprocess.run([sys.executable, "-m", "omnidraft", "plan", "scale=tiny"], capture_output=True, text=True,
                          cwd=tmp_path, env=env, timeout=600)
@@ -481,12 +486,22 @@ def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_p
         cell("hybrid", 0.40, 0.37, 0.43, [0, 1])])
     _table_json(tmp_path / "table3" / "cpu", "table3", [  # the paper gives Table 3's hybrid row only
         cell("spd_dm", 0.3, 0.2, 0.4, [0], frozen=True), cell("hybrid", 0.4, 0.3, 0.5, [0, 1, 2])])
+    (tmp_path / "plans").mkdir()  # omnidraft plan's JSON: the jobs left and their cost
+    jobs = [{"name": "row=hybrid,seed=2", "status": "to run", "core_s": 1200.0},
+            {"name": "row=l_dm,seed=0", "status": "done", "core_s": 900.0},
+            {"name": "row=hybrid,seed=1", "status": "failed", "core_s": 600.0}]
+    (tmp_path / "plans" / "table1_cpu.json").write_text(json.dumps({"jobs": jobs, "totals": {"left_core_hours": 0.5}}))
+    shared = [jobs[0], {"name": "row=spd_dm,seed=0", "status": "to run", "core_s": 1800.0}]  # one job is table1's too
+    (tmp_path / "plans" / "table3_cpu.json").write_text(json.dumps({"jobs": shared, "totals": {"left_core_hours": 0.8}}))
     run = tmp_path / "table1" / "cpu" / "some_run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"experiment": "paper/summary", "cells": []}))
     text = render_overview(tmp_path)
-    assert "| table1 (cpu) | [table1/cpu/table1.md](table1/cpu/table1.md) | 3 | 1/2 | 2-3 | 4 / 0 / 0 / 2 | 0 |" in text
-    assert "| table3 (cpu) | [table3/cpu/table3.md](table3/cpu/table3.md) | 2 | 1/1 | 3 | – (no pair both report) | 0 |" in text
+    assert ("| table1 (cpu) | [table1/cpu/table1.md](table1/cpu/table1.md) | 3 | 1/2 | 2-3 | 4 / 0 / 0 / 2 | 0 | "
+            "~0.5 core-h, 2 jobs |") in text
+    assert ("| table3 (cpu) | [table3/cpu/table3.md](table3/cpu/table3.md) | 2 | 1/1 | 3 | – (no pair both report) | 0 | "
+            "~0.8 core-h, 2 jobs |") in text
+    assert "cpu: ~1.0 core-hours, 3 jobs." in text  # the shared job once
     assert text.index("table1 (cpu)") < text.index("table3 (cpu)") and "summary" not in text.split("## Reversed")[0]
     rev = text.split("## Reversed with separated intervals")[1]
     assert ("- table1 (cpu), t, gsm8k, Llama3-8B: ours L_DM 0.500 [0.470, 0.530] above L_DM + λ L_Ngram 0.400 "
