@@ -334,6 +334,15 @@ def _plan(argv: list[str]) -> None:
 
             Path(out).with_suffix(".json").write_text(json.dumps(to_json(jobs, command), indent=1) + "\n",
                                                       encoding="utf-8")
+            papers = Path(out).parent.parent  # results/paper/plans/<t>_<scale>.md: keep results/paper's overview true
+            if (papers / "overview.md").is_file():
+                from omnidraft.paper_tables import write_overview
+
+                try:
+                    write_overview(papers)
+                except OmniDraftError as e:  # the plan is written; the overview waits for the tables
+                    print(f"omnidraft: warning: {papers / 'overview.md'} not written again: {_first_line(e)}",
+                          file=sys.stderr)
     print(text)
 
 

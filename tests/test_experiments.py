@@ -239,14 +239,18 @@ def test_a_failed_job_is_recorded_the_sweep_goes_on_and_a_rerun_skips_finished_j
     assert proc.stderr.count("the sweep goes on") == 2
     # omnidraft plan: the same jobs, found in the same directories, with their state and a cost
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    plan = subprocess.run([sys.executable, "-m", "omnidraft", "plan", *args, f"--out={tmp_path}/plan.md"],
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "overview.md").write_text("stale")  # the overview above the plans' dir is written again
+    _table_json(tmp_path / "table12" / "tiny", "table12", [])
+    plan = subprocess.run([sys.executable, "-m", "omnidraft", "plan", *args, f"--out={tmp_path}/plans/plan.md"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert plan.returncode == 0, plan.stderr[-2000:]
-    text = (tmp_path / "plan.md").read_text()
+    assert "| table12 (tiny) |" in (tmp_path / "overview.md").read_text()
+    text = (tmp_path / "plans" / "plan.md").read_text()
     assert text.count("| done |") == 2 and text.count("| failed |") == 2
     assert "missing.jsonl" in text and "Jobs: 4 (2 done, 2 failed)" in text and "Left: 2 jobs, ~" in text
     assert all(f"`{r.path.relative_to(d)}` | done" in text for r in ok)  # the whole name: task.path holds '/'
-    data = json.loads((tmp_path / "plan.json").read_text())  # the same plan as data, beside it
+    data = json.loads((tmp_path / "plans" / "plan.json").read_text())  # the same plan as data, beside it
     assert data["totals"]["by_status"] == {"done": 2, "failed": 2} and data["totals"]["left_jobs"] == 2
     assert sorted(j["status"] for j in data["jobs"]) == ["done", "done", "failed", "failed"]
     assert data["totals"]["done_core_hours"] == pytest.approx(
