@@ -529,6 +529,12 @@ def ordering_groups(spec: dict[str, Any], stats: dict) -> list[dict[str, Any]]:
     return out
 
 
+def _item_label(spec: dict[str, Any], by_col: bool):
+    """How a ranked item is named: a row by its label, a one-row table's column as ``<setting>=<value>``."""
+    short = str(spec["cols"]).rsplit(".", 1)[-1]
+    return (lambda item: f"{short}={item}") if by_col else (lambda item: LABELS.get(item, item))
+
+
 def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str]:
     """Markdown: per target of ours and column, our rows best first and the paper's order of the same
     rows, with every pair's verdict (:func:`compare_orderings`), against each paper target. A table of
@@ -538,10 +544,7 @@ def render_orderings(spec: dict[str, Any], cells: dict, stats: dict) -> list[str
         return []
     by_col = groups[0]["by_col"]
     ranked, held = ("column", "row") if by_col else ("row", "column")
-    short = str(spec["cols"]).rsplit(".", 1)[-1]
-
-    def label(item: str) -> str:
-        return f"{short}={item}" if by_col else LABELS.get(item, item)
+    label = _item_label(spec, by_col)
 
     def names(pairs: list[tuple[str, str]], no_ci: list[tuple[str, str]] = ()) -> str:
         return "; ".join(f"{label(a)} > {label(b)}{' (no CI)' if (a, b) in no_ci else ''}"
@@ -818,7 +821,11 @@ def render_overview(root: Path, seeds: int = 3) -> str:
     for f, d in found:
         name = f.stem
         plan_file = root / "plans" / f"{name}_{f.parent.name}.json"
-        plan = json.loads(plan_file.read_text(encoding="utf-8")) if plan_file.is_file() else None
+        try:
+            plan = json.loads(plan_file.read_text(encoding="utf-8")) if plan_file.is_file() else None
+        except (OSError, ValueError):
+            raise OmniDraftError(f"{plan_file}: not a readable plan; write it again with `omnidraft plan "
+                                 f"experiment=paper/{name} scale={f.parent.name} seed=0,1,2 --out={plan_file.with_suffix('.md')}`") from None
         if plan:
             todo = [j for j in plan["jobs"] if j["status"] in ("to run", "partial", "failed")]
             left.setdefault(f.parent.name, {}).update({j["name"]: j["core_s"] or 0.0 for j in todo})
@@ -834,9 +841,8 @@ def render_overview(root: Path, seeds: int = 3) -> str:
         for g in ordering_groups(spec, stats):
             for v in verdicts:
                 count[v] += len(g["verdicts"][v])
+            label = _item_label(spec, g["by_col"])
             for hi, lo in g["verdicts"]["reversed"]:
-                label = (lambda x: f"{str(spec['cols']).rsplit('.', 1)[-1]}={x}") if g["by_col"] else \
-                    (lambda x: LABELS.get(x, x))
                 where = f"{LABELS.get(g['held'], g['held'])}, {TARGET_NAMES.get(g['paper_target'], g['paper_target'])}"
                 reversed_lines.append(
                     f"- {name} ({f.parent.name}), {g['target']}, {where}: ours {label(lo)} "

@@ -477,6 +477,7 @@ def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_p
     seeds, the pairs by verdict against every paper target, and each pair reversed with separated
     intervals spelled out; a table whose paper cells share no pair with ours says so; files that
     are not a table's JSON are ignored; a directory without any gives one error line."""
+    from omnidraft.errors import OmniDraftError
     from omnidraft.paper_tables import render_overview
 
     def cell(row, acc, lo, hi, seeds, frozen=False, col="gsm8k", target="t"):
@@ -513,6 +514,10 @@ def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_p
     assert rev.count("\n- ") == 2  # the same pair against Qwen2-7B
     _table_json(tmp_path / "table1" / "cpu", "table1", [cell("l_dm", 0.3, 0.2, 0.4, [0]), cell("hybrid", 0.4, 0.3, 0.5, [0])])
     assert "## Reversed with separated intervals\n\nNone." in render_overview(tmp_path)
+    (tmp_path / "plans" / "table3_cpu.json").write_text('{"jobs": [')  # a plan cut mid-write: one line naming the fix
+    with pytest.raises(OmniDraftError, match="table3_cpu.json: not a readable plan; write it again"):
+        render_overview(tmp_path)
+    (tmp_path / "plans" / "table3_cpu.json").unlink()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     (tmp_path / "empty").mkdir()
     p = subprocess.run([sys.executable, "-m", "omnidraft", "tables", str(tmp_path / "empty"), "--overview"],
