@@ -295,6 +295,7 @@ def _fake_run(d: Path, targets: list[str], at: list[int], accepted: list[int], s
     (d / "config.yaml").write_text(f"seed: 0\ntarget: {{name: {targets[0]}}}\ntask: {{name: gsm8k, offset: 0}}\n"
                                    f"method: {{name: omnidraft, temperature: 0.0}}\ntarget_switch: {ts}\n")
     (d / "summary.json").write_text(json.dumps({"status": status, "target": targets[0], "task": "gsm8k",
+                                                "protocol": "stream", "n_prompts": len(accepted),
                                                 "choices": {"experiment": "paper/target_switch", "row": "hybrid"}}))
     bounds = [0, *at]
     rows = []
@@ -312,6 +313,9 @@ def test_each_switch_segment_sits_beside_a_control_stream_on_the_same_prompts(tm
     _fake_run(tmp_path / "ctl_a", ["A"], [], [5, 6, 7, 8, 9, 10])
     write_paper_tables(tmp_path, plots=False)
     md = (tmp_path / "target_switch.md").read_text()
+    # a stream's cells are over its prompts as it goes, not test prompts after training
+    assert "stream prompts 6 (protocol=stream" in md and "train prompts" not in md and "test prompts" not in md
+    assert "on the stream's prompts as it goes" in md
     rows = [ln for ln in md.splitlines() if ln.startswith("| hybrid s0")]
     assert len(rows) == 3
     assert rows[0].startswith("| hybrid s0 (failed) | 1 | A | 0..1 | 0.550") and "0.550" in rows[0].split("|")[6]
