@@ -810,14 +810,67 @@ def _experiment_key(name: str) -> tuple:
     return (0, int(digits), name) if name.startswith("table") and digits else (1, 0, name)
 
 
+REASONS = "reasons.yaml"
+
+
+def read_reasons(path: Path) -> list[dict[str, Any]]:
+    """The hand-written reasons why a pair of our rows is in the other order than the paper's
+    (``results/paper/reasons.yaml``): a list under ``reasons:`` of entries with ``experiment``
+    (``table1``), ``pair`` (the paper's order, higher first: row names, or a one-row table's column
+    values), ``reason``, and optionally ``held`` (the column; a one-row table's row) and
+    ``paper_target``. No file: no reasons.
+
+    Raises:
+        OmniDraftError: the file is not YAML, or an entry lacks a key or has one it does not know.
+    """
+    if not path.is_file():
+        return []
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise OmniDraftError(f"{path}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
+    entries = data.get("reasons") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise OmniDraftError(f"{path}: needs a list under `reasons:`; see the comment at its top")
+    keys = {"experiment", "pair", "reason", "held", "paper_target"}
+    for i, e in enumerate(entries, 1):
+        ok = (isinstance(e, dict) and not set(e) - keys and isinstance(e.get("experiment"), str)
+              and isinstance(e.get("pair"), list) and len(e["pair"]) == 2 and str(e.get("reason") or "").strip())
+        if not ok:
+            raise OmniDraftError(f"{path}: entry {i} ({e!r:.80}) needs experiment, pair [higher, lower] and reason, "
+                                 f"optionally held and paper_target, and no other key")
+    return entries
+
+
+def _reason_for(reasons: list[dict[str, Any]], name: str, group: dict[str, Any], hi: str, lo: str) -> dict | None:
+    """The most specific entry of ``reasons`` for the pair (``hi`` above ``lo`` in the paper) of one
+    ordering group (:func:`ordering_groups`) of experiment ``name``."""
+    best, best_n = None, -1
+    for e in reasons:
+        if e["experiment"] != name or [str(x) for x in e["pair"]] != [hi, lo]:
+            continue
+        if "held" in e and str(e["held"]) != str(group["held"]):
+            continue
+        if "paper_target" in e and e["paper_target"] != group["paper_target"]:
+            continue
+        n = ("held" in e) + ("paper_target" in e)
+        if n > best_n:
+            best, best_n = e, n
+    return best
+
+
 def render_overview(root: Path, seeds: int = 3) -> str:
     """Every paper table under ``root`` at a glance, from the JSON files ``omnidraft tables <sweep
     dir>`` writes (``<dir>/<experiment>.json``): its cells, how many of the cells that train have
     ``seeds`` seeds, and its row pairs against the paper's by verdict (:func:`ordering_groups`),
-    then each pair reversed with separated intervals, the ones LOG.md must give a reason for.
+    then each reversed pair (intervals separated, then overlapping) with its reason from
+    ``<root>/reasons.yaml`` (:func:`read_reasons`) or a note that it has none, and the reasons that
+    match no reversed pair any more.
 
     Raises:
-        OmniDraftError: ``root`` holds no paper table's JSON file.
+        OmniDraftError: ``root`` holds no paper table's JSON file; ``reasons.yaml`` is malformed.
     """
     found = []
     for f in sorted(root.rglob("*.json")):
@@ -844,7 +897,9 @@ def render_overview(root: Path, seeds: int = 3) -> str:
            f"{seeds} seeds | seeds per trained cell | pairs: agree / agree, overlap / reversed, overlap / reversed | "
            "failed runs | left by its plan |",
            "|---|---|---:|---:|---|---|---:|---|"]
-    reversed_lines = []
+    reasons = read_reasons(root / REASONS)
+    used: set[int] = set()
+    reversed_lines: dict[str, list[str]] = {"reversed": [], "reversed_ci_overlap": []}
     left: dict[str, dict[str, float]] = {}  # scale -> job name -> core-seconds (a cell two tables share, once)
     for f, d in found:
         name = f.stem
@@ -870,14 +925,20 @@ def render_overview(root: Path, seeds: int = 3) -> str:
             for v in verdicts:
                 count[v] += len(g["verdicts"][v])
             label = _item_label(spec, g["by_col"])
-            for hi, lo in g["verdicts"]["reversed"]:
-                where = f"{LABELS.get(g['held'], g['held'])}, {TARGET_NAMES.get(g['paper_target'], g['paper_target'])}"
-                reversed_lines.append(
-                    f"- {name} ({f.parent.name}), {g['target']}, {where}: ours {label(lo)} "
-                    f"{g['ours'][lo]['acc']:.3f} [{g['ours'][lo]['acc_ci'][0]:.3f}, {g['ours'][lo]['acc_ci'][1]:.3f}] "
-                    f"above {label(hi)} {g['ours'][hi]['acc']:.3f} [{g['ours'][hi]['acc_ci'][0]:.3f}, "
-                    f"{g['ours'][hi]['acc_ci'][1]:.3f}]; the paper {label(hi)} {g['paper'][hi]:.3g} above "
-                    f"{label(lo)} {g['paper'][lo]:.3g}")
+            for verdict, lines in reversed_lines.items():
+                for hi, lo in g["verdicts"][verdict]:
+                    where = f"{LABELS.get(g['held'], g['held'])}, {TARGET_NAMES.get(g['paper_target'], g['paper_target'])}"
+                    why = _reason_for(reasons, name, g, hi, lo)
+                    if why is not None:
+                        used.add(id(why))
+                    lines.append(
+                        f"- {name} ({f.parent.name}), {g['target']}, {where}: ours {label(lo)} "
+                        f"{g['ours'][lo]['acc']:.3f}{_ci(g['ours'][lo].get('acc_ci'))} "
+                        f"{'above' if g['ours'][lo]['acc'] > g['ours'][hi]['acc'] else 'level with'} {label(hi)} "
+                        f"{g['ours'][hi]['acc']:.3f}{_ci(g['ours'][hi].get('acc_ci'))}; the paper {label(hi)} "
+                        f"{g['paper'][hi]:.3g} above {label(lo)} {g['paper'][lo]:.3g}. "
+                        + (f"Why: {' '.join(str(why['reason']).split())}" if why else
+                           f"**No reason recorded** (add one to {REASONS})."))
         pairs = (" / ".join(str(count[v]) for v in verdicts) if any(count.values())
                  else "– (no pair both report)" if any("acc" in c for c in spec["cells"]) else "– (no paper numbers)")
         full = sum(len(c.get("seeds") or []) >= seeds for c in trained)
@@ -890,8 +951,20 @@ def render_overview(root: Path, seeds: int = 3) -> str:
                 "--out=<this dir>/plans/<table>_<scale>.md`, as last written; a job two tables share counted once): "
                 + "; ".join(f"{sc}: ~{sum(v.values()) / 3600:.1f} core-hours, {len(v)} jobs" for sc, v in sorted(left.items()))
                 + "."]
-    out += ["", "## Reversed with separated intervals", ""]
-    out += reversed_lines or ["None."]
+    n_rev = sum(len(v) for v in reversed_lines.values())
+    n_why = sum(not ln.endswith(f"(add one to {REASONS}).") for v in reversed_lines.values() for ln in v)
+    out += ["", f"Reversed pairs: {n_rev}, {n_why} with a reason (hand-written in `{REASONS}` beside this file: "
+            "the experiment, the paper's pair higher first, optionally the column and paper target).",
+            "", "## Reversed with separated intervals", ""]
+    out += reversed_lines["reversed"] or ["None."]
+    out += ["", "## Reversed with overlapping intervals", ""]
+    out += reversed_lines["reversed_ci_overlap"] or ["None."]
+    stale = [e for e in reasons if id(e) not in used]
+    if stale:
+        out += ["", f"## Reasons in {REASONS} that match no reversed pair now", "",
+                "The order agrees with the paper's now, or the cell is gone: keep the entry for the record or delete it.", ""]
+        out += [f"- {e['experiment']}: {e['pair'][0]} > {e['pair'][1]}"
+                + "".join(f", {k} {e[k]}" for k in ("held", "paper_target") if k in e) for e in stale]
     return "\n".join(out) + "\n"
 
 

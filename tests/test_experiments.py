@@ -516,6 +516,24 @@ def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_p
     assert ("- table1 (cpu), t, gsm8k, Llama3-8B: ours L_DM 0.500 [0.470, 0.530] above L_DM + λ L_Ngram 0.400 "
             "[0.370, 0.430]; the paper L_DM + λ L_Ngram 0.42 above L_DM 0.32") in rev
     assert rev.count("\n- ") == 2  # the same pair against Qwen2-7B
+    assert "**No reason recorded** (add one to reasons.yaml)" in rev and "Reversed pairs: 2, 0 with a reason" in text
+    # a reason for the pair against Llama3-8B only, one for every target, one that matches no reversed pair:
+    # the most specific wins, the stale one is listed
+    (tmp_path / "reasons.yaml").write_text(
+        "reasons:\n"
+        "  - {experiment: table1, pair: [hybrid, l_dm], reason: any target}\n"
+        "  - {experiment: table1, pair: [hybrid, l_dm], held: gsm8k, paper_target: llama3_8b, reason: Llama only}\n"
+        "  - {experiment: table1, pair: [l_dm, spd_dm], reason: agrees now}\n")
+    text = render_overview(tmp_path)
+    rev = text.split("## Reversed with separated intervals")[1]
+    assert "Llama3-8B: ours L_DM" in rev and "above L_DM 0.32. Why: Llama only" in rev
+    assert "Qwen2-7B: ours L_DM" in rev and rev.count("Why: any target") == 1 and "Reversed pairs: 2, 2 with a reason" in text
+    assert "match no reversed pair now" in text and "- table1: l_dm > spd_dm" in text and "any target" not in \
+        text.split("match no reversed pair now")[1]
+    (tmp_path / "reasons.yaml").write_text("reasons:\n  - {experiment: table1, pair: [hybrid], reason: x}\n")
+    with pytest.raises(OmniDraftError, match="reasons.yaml: entry 1 .* needs experiment, pair \\[higher, lower\\] and reason"):
+        render_overview(tmp_path)
+    (tmp_path / "reasons.yaml").unlink()
     _table_json(tmp_path / "table1" / "cpu", "table1", [cell("l_dm", 0.3, 0.2, 0.4, [0]), cell("hybrid", 0.4, 0.3, 0.5, [0])])
     assert "## Reversed with separated intervals\n\nNone." in render_overview(tmp_path)
     (tmp_path / "plans" / "table3_cpu.json").write_text('{"jobs": [')  # a plan cut mid-write: one line naming the fix
