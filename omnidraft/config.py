@@ -157,6 +157,14 @@ class TargetSwitchConfig:
 
     targets: List[str] = field(default_factory=list)  # conf/target names, in stream order (a name may recur)
     at: List[int] = field(default_factory=list)  # stream prompt indices where each next target takes over
+    # A named schedule, for sweeps (experiment paper/target_switch): ``targets`` reads
+    # ``${target_switch.schedules.${target_switch.schedule}}``, whose entries name the run's target
+    # (``${target.name}``) and its partner (``${target_switch.partners.${target.name}}``), so one sweep
+    # over ``target`` x ``schedule`` runs the switching stream from each target and the control
+    # stream that stays on it. They only feed ``targets``: no part of a cell's identity.
+    schedule: Optional[str] = None
+    schedules: Dict[str, List[str]] = field(default_factory=dict)
+    partners: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -12,8 +12,10 @@ from omnidraft.errors import OmniDraftError
 
 
 def iter_targets(node: Any, path: str = "") -> Iterator[tuple[str, DictConfig]]:
-    """All (dotted path, node) pairs of sub-nodes that carry a ``_target_``."""
-    if isinstance(node, (DictConfig, ListConfig)) and (node._is_none() or node._is_missing()):
+    """All (dotted path, node) pairs of sub-nodes that carry a ``_target_``. A node that is an
+    interpolation of another (``targets: ${target_switch.schedules.x}``) is visited where it points."""
+    if isinstance(node, (DictConfig, ListConfig)) and (node._is_none() or node._is_missing()
+                                                       or node._is_interpolation()):
         return
     if isinstance(node, DictConfig):
         if "_target_" in node:

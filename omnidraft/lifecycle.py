@@ -48,6 +48,8 @@ _RESUME_FREE = {"resume", "progress", "threads", "run_dir", "logger", "paths", "
 # them (``ngram_reference_size`` -> an evict_* row's ``ngram.capacity``), so a cell that reads none
 # (Table 14's `l_dm` and `hybrid`) is the same cell as another table's whatever their value.
 _CELL_FREE = {"ngram_reference_size"}
+# The same, inside a node: ``target_switch``'s named schedules feed ``target_switch.targets``.
+_CELL_FREE_IN = {"target_switch": {"schedule", "schedules", "partners"}}
 
 # Arguments the lifecycle supplies to each ``logger`` sink it builds (each gets those it accepts).
 LOGGER_RUNTIME_ARGS = {"run_dir", "run_config"}
@@ -206,8 +208,13 @@ def cell_fingerprint(cfg: DictConfig) -> dict[str, Any]:
 
 
 def cell_fingerprint_of(config: dict[str, Any]) -> dict[str, Any]:
-    """:func:`fingerprint_of` a resolved config (a run's ``config.yaml`` as written), less :data:`_CELL_FREE`."""
-    return {k: v for k, v in fingerprint_of(config).items() if k not in _CELL_FREE}
+    """:func:`fingerprint_of` a resolved config (a run's ``config.yaml`` as written), less :data:`_CELL_FREE`
+    and :data:`_CELL_FREE_IN`."""
+    out = {k: v for k, v in fingerprint_of(config).items() if k not in _CELL_FREE}
+    for node, keys in _CELL_FREE_IN.items():
+        if isinstance(out.get(node), dict):
+            out[node] = {k: v for k, v in out[node].items() if k not in keys}
+    return out
 
 
 def same_cell(written: dict[str, Any], fp: dict[str, Any]) -> bool:

@@ -61,6 +61,10 @@ def test_every_experiment_composes_and_checks_at_every_scale(experiment, scale):
         cfg = _compose(job)
         check_config(cfg)
         assert cfg.protocol == ("stream" if experiment == "paper/target_switch" else "train_test")
+        if experiment == "paper/target_switch":  # a named schedule, from the run's own target
+            ts = cfg.target_switch
+            assert ts.targets[0] == cfg.target.name and len(ts.targets) == len(ts.at) + 1 >= 3
+            assert len(set(ts.targets)) == (2 if ts.schedule == "back_and_forth" else 1), list(ts.targets)
         if scale == "paper":
             assert (cfg.task.preset == "paper" or experiment == "paper/target_switch") and cfg.method.temperature > 0
             assert cfg.target.source == "hub" and cfg.drafter.source == "hub"  # the paper's models, by hub id
@@ -117,8 +121,13 @@ def test_every_experiment_runs_as_a_tiny_multirun(smoke):
         for r in runs:
             s = r.summary
             assert s["choices"]["experiment"] == exp and s["choices"]["scale"] == "tiny"
-            if exp == "paper/target_switch":  # a stream: tiny_qwen2, tiny_llama3 (another tokenizer), tiny_qwen2
-                assert [b["target"] for b in s["by_target"]] == ["tiny_qwen2", "tiny_llama3", "tiny_qwen2"]
+            if exp == "paper/target_switch":  # per target: a stream to the other tokenizer's target and back,
+                # and the control that stays on it (one segment)
+                t = s["target"]
+                other = {"tiny_qwen2": "tiny_llama3", "tiny_llama3": "tiny_qwen2"}[t]
+                want = [t, other, t] if r.get("target_switch.schedule") == "back_and_forth" else [t]
+                assert [b["target"] for b in s["by_target"]] == want, r.path
+                assert r.get("target_switch.targets") == (want if len(want) == 3 else [t, t, t])
                 continue
             assert s["protocol"] == "train_test" and s["n_test"] == 2
             # a frozen row (nothing learns) skips the train stream, which cannot change its test figures
@@ -144,8 +153,13 @@ def test_tables_of_a_sweep_in_the_paper_layout(smoke):
     d, _ = out["paper/target_switch"]
     write_paper_tables(d, plots=False)
     md = (d / "target_switch.md").read_text()
-    assert "| hybrid s0 | 1 | tiny_qwen2 | 0..1 |" in md and "| hybrid s0 | 2 | tiny_llama3 | 2..3 |" in md
-    assert "| hybrid s0 | 3 | tiny_qwen2 | 4..5 |" in md and "no control run" in md
+    # the switching stream's segments beside its first target's control, which the sweep ran too
+    # (scale=tiny fixes target=tiny_qwen2: the Llama-3 target has no control there)
+    seg = [ln for ln in md.splitlines() if ln.startswith("| hybrid s0 |")]
+    assert len(seg) == 3, md
+    assert seg[0].startswith("| hybrid s0 | 1 | tiny_qwen2 | 0..1 |") and "(0..1) |" in seg[0]
+    assert seg[1].startswith("| hybrid s0 | 2 | tiny_llama3 | 2..3 |") and "no control run" in seg[1]
+    assert seg[2].startswith("| hybrid s0 | 3 | tiny_qwen2 | 4..5 |") and "(4..5) |" in seg[2]
 
 
 def test_pooled_bootstrap_matches_the_point_estimate():
@@ -386,6 +400,20 @@ def test_a_cell_is_shared_whatever_interpolation_source_or_code_version_wrote_it
     finished(older, "a key older code computed")
     confident = _compose(["experiment=paper/table14", "row=l_dm", *pair, "method.draft_length.min_prob=0.9"])
     assert find_shared_cell(confident, tmp_path / "t14")[0] is None
+
+
+def test_a_named_target_schedule_is_the_cell_of_its_explicit_list():
+    """paper/target_switch's `target_switch.schedule` only feeds `targets`: a sweep job naming it is
+    the same cell as a run that listed the same targets, and another schedule is another cell."""
+    from omnidraft.lifecycle import cell_key
+
+    base = ["experiment=paper/target_switch", "scale=tiny", "target=tiny_qwen2", "drafter=tiny_qwen2", "task=synthetic",
+            "target_switch.at=[2,4]", "protocol=stream"]
+    named = _compose([*base, "target_switch.schedule=back_and_forth"])
+    assert list(named.target_switch.targets) == ["tiny_qwen2", "tiny_llama3", "tiny_qwen2"]
+    listed = _compose([*base, "target_switch.targets=[tiny_qwen2,tiny_llama3,tiny_qwen2]", "target_switch.schedule=null"])
+    stay = _compose([*base, "target_switch.schedule=stay"])
+    assert cell_key(named) == cell_key(listed) != cell_key(stay)
 
 
 def test_tables_of_any_other_sweep_list_each_run_by_its_own_overrides(tmp_path):
