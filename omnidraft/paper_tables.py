@@ -393,12 +393,14 @@ def _schedule(run: Run) -> list[tuple[str, int, int | None]]:
 
 
 def _range_stats(rows: list[dict[str, Any]], first: int, last: int | None) -> dict[str, Any] | None:
-    """Acceptance (95% bootstrap over the prompts) of the rows of prompts first..last."""
+    """Acceptance (95% bootstrap over the prompts) of the rows of prompts first..last; ``rows`` may
+    pool several runs (seeds), the bootstrap then over prompts x seeds."""
     rs = [r for r in rows if r.get("prompt/index") is not None and first <= r["prompt/index"]
           and (last is None or r["prompt/index"] <= last)]
     if not rs:
         return None
-    return cell_stats(Cell("", "", None, [], rs)) | {"first": rs[0]["prompt/index"], "last": rs[-1]["prompt/index"]}
+    idx = [r["prompt/index"] for r in rs]
+    return cell_stats(Cell("", "", None, [], rs)) | {"first": min(idx), "last": max(idx)}
 
 
 def render_segments(runs: list[Run]) -> list[str]:
@@ -422,24 +424,46 @@ def render_segments(runs: list[Run]) -> list[str]:
 
     out = ["## Per target segment (target_switch), beside a control stream that never switches", "",
            "Acceptance per segment [95% bootstrap over its prompts]; control: the same prompts decoded by a "
-           "stream with that target throughout (same row and seed); separated: the two intervals do not overlap.",
+           "stream with that target throughout (same row and seed); separated: the two intervals do not overlap. "
+           "Rows `pooled`: the same schedule's finished runs over their seeds, beside their controls (bootstrap "
+           "over prompts x seeds).",
            "", "| run | segment | target | prompts | acceptance | control (same prompts) | separated |",
            "|---|---|---|---|---|---|---|"]
+    starts = {targets(r)[0] for r in switching}
+
+    def line(run: str, j: int, tgt: str, first: int, last: int | None, st: dict | None, cs: dict | None,
+             no_ctl: str = "no control run") -> None:
+        if st is None and cs is None:
+            return
+        span = f"{st['first']}..{st['last']}" if st else f"{first}..{'' if last is None else last}"
+        sep = separated(st, cs) if st and cs else None
+        ours = _num(st["acc"]) + _ci(st["acc_ci"]) if st else "not reached"
+        ctl_txt = _num(cs["acc"]) + _ci(cs["acc_ci"]) + f" ({cs['first']}..{cs['last']})" if cs else no_ctl
+        out.append(f"| {run} | {j + 1} | {tgt} | {span} | {ours} | {ctl_txt} | "
+                   f"{'–' if sep is None else ('yes' if sep else 'no')} |")
+
+    pools: dict[tuple, list[Run]] = {}
     for r in switching:
+        start = f" from {targets(r)[0]}" if len(starts) > 1 else ""
         for j, (tgt, first, last) in enumerate(_schedule(r)):
-            st = _range_stats(rows(r), first, last)
             ctl = controls.get((r.row, r.seed, tgt))
-            cs = _range_stats(rows(ctl), first, last) if ctl is not None else None
-            if st is None and cs is None:
-                continue
-            run = f"{r.row} s{r.seed}" + ("" if r.status == "ok" else f" ({r.status})")
-            span = f"{st['first']}..{st['last']}" if st else f"{first}..{'' if last is None else last}"
-            sep = separated(st, cs) if st and cs else None
-            ours = _num(st["acc"]) + _ci(st["acc_ci"]) if st else "not reached"
-            ctl_txt = (_num(cs["acc"]) + _ci(cs["acc_ci"]) + f" ({cs['first']}..{cs['last']})" if cs
-                       else "no control run")
-            out.append(f"| {run} | {j + 1} | {tgt} | {span} | {ours} | {ctl_txt} | "
-                       f"{'–' if sep is None else ('yes' if sep else 'no')} |")
+            line(f"{r.row} s{r.seed}{start}" + ("" if r.status == "ok" else f" ({r.status})"), j, tgt, first, last,
+                 _range_stats(rows(r), first, last), _range_stats(rows(ctl), first, last) if ctl else None)
+        if r.status == "ok":
+            pools.setdefault((r.row, tuple(_schedule(r))), []).append(r)
+    for (row, schedule), rs in pools.items():
+        if len(rs) < 2:
+            continue
+        seeds = sorted(r.seed for r in rs)
+        start = f" from {schedule[0][0]}" if len(starts) > 1 else ""
+        for j, (tgt, first, last) in enumerate(schedule):
+            ctls = [controls.get((row, r.seed, tgt)) for r in rs]
+            ok_ctls = all(c is not None and c.status == "ok" for c in ctls)
+            missing = ", ".join(f"s{r.seed}" for r, c in zip(rs, ctls) if c is None or c.status != "ok")
+            line(f"{row} pooled s{','.join(map(str, seeds))}{start}", j, tgt, first, last,
+                 _range_stats([x for r in rs for x in rows(r)], first, last),
+                 _range_stats([x for c in ctls for x in rows(c)], first, last) if ok_ctls else None,
+                 no_ctl=f"no finished control for {missing}")
     out.append("")
     return out
 

@@ -300,13 +300,14 @@ def test_the_submitit_launcher_runs_a_sweep(tmp_path):
     assert len(runs) == 1 and runs[0].status == "ok" and (d / ".submitit").is_dir()
 
 
-def _fake_run(d: Path, targets: list[str], at: list[int], accepted: list[int], status: str = "ok") -> None:
+def _fake_run(d: Path, targets: list[str], at: list[int], accepted: list[int], status: str = "ok",
+              seed: int = 0) -> None:
     """A stream run directory of experiment paper/target_switch: config, summary, one row per prompt
     (10 proposed, ``accepted[i]`` accepted)."""
     d.mkdir(parents=True)
     ts = f"{{targets: [{', '.join(targets)}], at: [{', '.join(map(str, at))}]}}" if len(targets) > 1 else \
         "{targets: [], at: []}"
-    (d / "config.yaml").write_text(f"seed: 0\ntarget: {{name: {targets[0]}}}\ntask: {{name: gsm8k, offset: 0}}\n"
+    (d / "config.yaml").write_text(f"seed: {seed}\ntarget: {{name: {targets[0]}}}\ntask: {{name: gsm8k, offset: 0}}\n"
                                    f"method: {{name: omnidraft, temperature: 0.0}}\ntarget_switch: {ts}\n")
     (d / "summary.json").write_text(json.dumps({"status": status, "target": targets[0], "task": "gsm8k",
                                                 "protocol": "stream", "n_prompts": len(accepted),
@@ -341,6 +342,28 @@ def test_each_switch_segment_sits_beside_a_control_stream_on_the_same_prompts(tm
     # the control is its own column of the table, not pooled with the switching run
     cells = json.loads((tmp_path / "target_switch.json").read_text())["cells"]
     assert [(c["target"], c["col"]) for c in cells] == [("A", "–")]
+
+
+def test_switch_segments_pool_over_seeds_beside_their_pooled_controls(tmp_path):
+    """Two seeds of the stream A > B > A, each beside its seed's control; one stream from B: rows name
+    where each stream starts, and the pooled rows put each segment over both seeds beside the pooled
+    controls, or say which seed's control is missing."""
+    for seed, acc in ((0, [5, 5, 1, 1, 4, 4]), (1, [7, 7, 3, 3, 6, 6])):
+        _fake_run(tmp_path / f"ab{seed}", ["A", "B", "A"], [2, 4], acc, seed=seed)
+        _fake_run(tmp_path / f"ca{seed}", ["A"], [], [5, 5, 5, 5, 5, 5], seed=seed)
+    _fake_run(tmp_path / "cb0", ["B"], [], [2, 2, 2, 2, 2, 2])
+    _fake_run(tmp_path / "ba0", ["B", "A", "B"], [2, 4], [2, 2, 5, 5, 2, 2])
+    write_paper_tables(tmp_path, plots=False)
+    md = (tmp_path / "target_switch.md").read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| hybrid ")]
+    assert sum(ln.startswith("| hybrid s0 from A |") for ln in rows) == 3
+    assert sum(ln.startswith("| hybrid s0 from B |") for ln in rows) == 3
+    pooled = [ln for ln in rows if ln.startswith("| hybrid pooled s0,1 from A |")]
+    assert len(pooled) == 3 and not any("pooled s0 from B" in ln for ln in rows)  # one seed: no pooled rows
+    # segment 1 (A, prompts 0..1): (5 + 5 + 7 + 7) / 40 = 0.600 beside the controls' 20 / 40 = 0.500
+    assert "| 1 | A | 0..1 | 0.600" in pooled[0] and "| 0.500" in pooled[0] and "(0..1)" in pooled[0]
+    # segment 2 (B): seed 1 has no B control
+    assert "| 2 | B | 2..3 | 0.200" in pooled[1] and "no finished control for s1" in pooled[1]
 
 
 def test_a_cell_another_table_computed_is_copied_not_run_again(tmp_path):
