@@ -627,6 +627,22 @@ def render_latex(name: str, spec: dict[str, Any], cells: dict, stats: dict) -> s
 # ------------------------------------------------------------------------------ plots
 
 
+def rolling(rows: list[dict[str, Any]], w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Acceptance and modelled speedup of each window of ``w`` consecutive rows (a cell's formulas,
+    :func:`_stats`, over the window), at x = the window's last row (1-based); speedup None when the
+    rows carry no timing."""
+    v = _vectors(rows)
+
+    def total(k: str) -> np.ndarray:
+        return np.convolve(v[k], np.ones(w), "valid")
+
+    x = np.arange(w, len(rows) + 1)
+    acc = total("acc") / np.maximum(total("prop"), 1e-12)
+    if "sd_s" not in v:
+        return x, acc, None
+    return x, acc, total("new") * total("ar_s") / np.maximum(total("sd_s") * total("ar_steps"), 1e-12)
+
+
 def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | None,
               stats: dict | None = None) -> list[Path]:
     """PNG plots of an experiment's runs: acceptance over the train stream with the test-set points
@@ -658,21 +674,29 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
 
     trains = [(r, [x for x in read_rows(r.path) if x.get("phase", "train") == "train"]) for r in ok]
     trains = [(r, t) for r, t in trains if t]
-    if trains:  # Figure 2: acceptance over the train stream, test-set evaluations as points
-        fig, ax = plt.subplots(figsize=(7, 3.6))
+    if trains:  # Figure 2: acceptance and modelled speedup over the train stream, test-set evaluations as points
+        speed = any("sd_s" in _vectors(t) for _, t in trains)
+        fig, axes = plt.subplots(2 if speed else 1, 1, figsize=(7, 6.4 if speed else 3.6), sharex=True, squeeze=False)
+        ax, ax_sp = axes[0][0], (axes[1][0] if speed else None)
         for r, t in trains:
-            acc = np.array([x.get("sd/accepted", 0) for x in t], float)
-            prop = np.array([x.get("sd/proposed", 0) for x in t], float)
-            w = max(1, min(20, len(t) // 5))
-            kern = np.ones(w)
-            roll = np.convolve(acc, kern, "valid") / np.maximum(np.convolve(prop, kern, "valid"), 1e-12)
-            line, = ax.plot(np.arange(w, len(t) + 1), roll, lw=1, label=label(r))
+            x, acc, sp = rolling(t, max(1, min(20, len(t) // 5)))
+            line, = ax.plot(x, acc, lw=1, label=label(r))
             dyn = r.summary.get("dynamics") or []
             if dyn:
                 ax.plot([d["eval/at"] for d in dyn], [d["accept/rate"] for d in dyn], "o", color=line.get_color(), ms=4)
-        ax.set_xlabel("train prompts"), ax.set_ylabel("acceptance rate")
+            if ax_sp is not None and sp is not None:
+                ax_sp.plot(x, sp, lw=1, color=line.get_color(), label=label(r))
+                pts = [(d["eval/at"], d["speed/modelled_speedup"]) for d in dyn if d.get("speed/modelled_speedup")]
+                if pts:
+                    ax_sp.plot(*zip(*pts), "o", color=line.get_color(), ms=4)
+        ax.set_ylabel("acceptance rate")
         ax.set_title("acceptance over the train stream (line: rolling, points: test set)", fontsize=9)
         ax.legend(fontsize=6, ncol=2)
+        if ax_sp is not None:
+            ax_sp.axhline(1.0, color="k", lw=0.5)
+            ax_sp.set_ylabel("modelled speedup")
+            ax_sp.set_title("modelled speedup over the train stream (line: rolling, points: test set)", fontsize=9)
+        (ax_sp if ax_sp is not None else ax).set_xlabel("train prompts")
         save(fig, "acceptance")
         losses = [(r, t) for r, t in trains if any("adapt/loss" in x or "head/loss" in x for x in t)]
         if losses:

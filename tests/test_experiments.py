@@ -344,6 +344,25 @@ def test_each_switch_segment_sits_beside_a_control_stream_on_the_same_prompts(tm
     assert [(c["target"], c["col"]) for c in cells] == [("A", "–")]
 
 
+def test_the_rolling_curves_of_figure2_are_the_cells_formulas_over_each_window():
+    """Figure 2's lines: acceptance and modelled speedup over each window of train prompts, the same
+    formulas a table cell uses (:func:`_stats`), replay rows (modelled times) and rows without timing."""
+    import numpy as np
+
+    from omnidraft.paper_tables import _stats, _vectors, rolling
+
+    rows = [{"sd/accepted": a, "sd/proposed": 10, "sd/new_tokens": a + 3, "sd/steps": 3 + a % 2,
+             "speed/modelled_sd_s": 0.3 + 0.01 * a, "speed/modelled_ar_step_s": 0.05} for a in (1, 7, 3, 9, 2, 8)]
+    x, acc, sp = rolling(rows, 3)
+    assert list(x) == [3, 4, 5, 6]
+    for i, end in enumerate(x):
+        want = _stats(_vectors(rows), np.arange(end - 3, end))
+        assert acc[i] == pytest.approx(float(want[0])) and sp[i] == pytest.approx(float(want[1]))
+    assert acc[0] == pytest.approx(11 / 30) and sp[0] != sp[1]
+    x, acc, sp = rolling([{k: v for k, v in r.items() if not k.startswith("speed/")} for r in rows], 2)
+    assert sp is None and acc[-1] == pytest.approx(10 / 20)
+
+
 def test_switch_segments_pool_over_seeds_beside_their_pooled_controls(tmp_path):
     """Two seeds of the stream A > B > A, each beside its seed's control; one stream from B: rows name
     where each stream starts, and the pooled rows put each segment over both seeds beside the pooled
