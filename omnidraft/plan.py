@@ -228,7 +228,34 @@ def to_json(jobs: list[Job], command: str) -> dict[str, Any]:
     (``estimated``: from finished runs alike), and :func:`totals`."""
     return {"command": command, "totals": totals(jobs),
             "jobs": [{"name": j.name, "status": j.status, "core_s": j.seconds, "estimated": bool(j.estimated_from),
-                      "row": j.row, "task": j.task, "trains": j.trains} for j in jobs]}
+                      "row": j.row, "task": j.task, "trains": j.trains, "overrides": list(j.overrides)} for j in jobs]}
+
+
+def left_in_order(jobs: list[Job]) -> list[Job]:
+    """The jobs left, the ones that complete a cell first: ordered by how many of their cell's other
+    seeds are done (most first), then by cost (cheapest first). A cell: the same overrides but seed."""
+    def cell(j: Job) -> tuple[str, ...]:
+        return tuple(o for o in j.overrides if not o.startswith("seed="))
+
+    done: dict[tuple[str, ...], int] = {}
+    for j in jobs:
+        if j.status in ("done", "shared"):
+            done[cell(j)] = done.get(cell(j), 0) + 1
+    left = [j for j in jobs if j.status in ("to run", "partial", "failed")]
+    return sorted(left, key=lambda j: (-done.get(cell(j), 0), j.seconds if j.seconds is not None else float("inf")))
+
+
+def commands_left(jobs: list[Job]) -> list[str]:
+    """One shell command per job left (:func:`left_in_order`), with its estimated cost: to split a
+    sweep into runs that fit a session or a core (each is one job of the same sweep; a finished one is
+    skipped when the whole sweep runs later)."""
+    import shlex
+
+    out = []
+    for j in left_in_order(jobs):
+        cost = "?" if j.seconds is None else f"~{j.seconds / 60:.0f}"
+        out.append(f"omnidraft -m {' '.join(shlex.quote(o) for o in j.overrides)}  # {cost} core-min, {j.status}")
+    return out
 
 
 def render(jobs: list[Job], command: str) -> str:
@@ -247,4 +274,9 @@ def render(jobs: list[Job], command: str) -> str:
             f"Done: {t['done_core_hours']:.1f} core-hours measured. Left: {t['left_jobs']} jobs, "
             f"~{t['left_core_hours']:.1f} core-hours"
             + (f" (+{unknown} with no finished run alike to cost them from)" if unknown else "") + ".", ""]
+    cmds = commands_left(jobs)
+    if cmds:
+        out += ["## Left, one command per job", "",
+                "Jobs that complete a cell (more of its seeds done) first, then the cheapest; each runs one job of "
+                "the sweep above, so the list can be split across cores or sessions.", "", "```bash", *cmds, "```", ""]
     return "\n".join(out)

@@ -504,6 +504,29 @@ def test_plan_costs_a_job_by_its_own_number_of_test_evaluations(tmp_path):
     assert jobs[1].seconds == pytest.approx(7.0)  # a stream job from the stream run
 
 
+def test_plan_lists_a_command_per_job_left_completing_cells_first(tmp_path):
+    """The plan's commands: one per job left, shell-quoted, the jobs whose cell has most seeds done
+    first, then the cheapest; finished and shared jobs are not listed."""
+    from omnidraft.plan import Job, commands_left, render
+
+    def job(row: str, seed: int, status: str = "to run", minutes: float | None = 30.0) -> Job:
+        over = ["experiment=paper/target_switch", "scale=cpu", f"row={row}", f"seed={seed}", "target_switch.at=[25,50]"]
+        return Job(over, tmp_path / f"{row}{seed}", f"{row}{seed}", row, "gsm8k", True, "t", status=status,
+                   seconds=None if minutes is None else minutes * 60)
+
+    jobs = [job("a", 0, "done"), job("a", 1, "shared"), job("a", 2, minutes=50),  # a: 2 seeds done
+            job("b", 0, "done"), job("b", 1), job("b", 2, minutes=20),             # b: 1 seed done
+            job("c", 0, minutes=None), job("c", 1, "failed", minutes=10)]           # c: none
+    cmds = commands_left(jobs)
+    assert [c.split("row=")[1].split()[0] + c.split("seed=")[1].split()[0] for c in cmds] == \
+        ["a2", "b2", "b1", "c1", "c0"]
+    assert cmds[0] == ("omnidraft -m experiment=paper/target_switch scale=cpu row=a seed=2 "
+                       "'target_switch.at=[25,50]'  # ~50 core-min, to run")
+    assert cmds[-1].endswith("# ? core-min, to run") and "failed" in cmds[3]
+    assert "## Left, one command per job" in render(jobs, "omnidraft -m x") and "```bash" in render(jobs, "x")
+    assert "## Left" not in render([job("a", 0, "done")], "x")
+
+
 def test_plan_costs_a_job_from_runs_on_its_engine_scaled_to_its_own_prompts(tmp_path):
     """A live job is costed from live runs (a replay does not run the target), per prompt of its own
     stream and test set; with no run on its engine it falls back to the others and says so."""
