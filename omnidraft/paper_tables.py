@@ -403,11 +403,18 @@ def _range_stats(rows: list[dict[str, Any]], first: int, last: int | None) -> di
     return cell_stats(Cell("", "", None, [], rs)) | {"first": min(idx), "last": max(idx)}
 
 
-def render_segments(runs: list[Run]) -> list[str]:
-    """Markdown: each target segment of a target-switching stream beside the same prompts of a control
-    stream that never switches (one target throughout, same row and seed): whether each target's
-    acceptance is back at its own level when it returns. Unfinished runs are shown with the prompts
-    they reached."""
+def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
+    """Each target segment of every target-switching stream among ``runs``, beside the same prompts of
+    a control stream that never switches (one target throughout, same row and seed), then each
+    schedule's segments pooled over its finished seeds beside their pooled controls.
+
+    Returns:
+        Dicts with ``run`` (label: row and seed, or ``pooled`` and the seeds; the first target when
+        streams start from several), ``pooled``, ``segment`` (0-based), ``target``, ``first`` /
+        ``last`` (the schedule's prompts; ``last`` None: to the end), ``stats`` / ``control`` (
+        :func:`_range_stats` or None) and ``no_control`` (why there is none). Unfinished runs
+        appear with the prompts they reached.
+    """
     def targets(r: Run) -> list[str]:
         return [t for t, _, _ in _schedule(r)]
 
@@ -422,6 +429,45 @@ def render_segments(runs: list[Run]) -> list[str]:
             rows_of[r.path] = [x for x in read_rows(r.path) if x.get("phase", "train") == "train"]
         return rows_of[r.path]
 
+    starts = {targets(r)[0] for r in switching}
+    out: list[dict[str, Any]] = []
+
+    def add(run: str, pooled: bool, j: int, tgt: str, first: int, last: int | None, st: dict | None,
+            cs: dict | None, no_ctl: str = "no control run") -> None:
+        if st is not None or cs is not None:
+            out.append({"run": run, "pooled": pooled, "segment": j, "target": tgt, "first": first, "last": last,
+                        "stats": st, "control": cs, "no_control": no_ctl})
+
+    pools: dict[tuple, list[Run]] = {}
+    for r in switching:
+        start = f" from {targets(r)[0]}" if len(starts) > 1 else ""
+        for j, (tgt, first, last) in enumerate(_schedule(r)):
+            ctl = controls.get((r.row, r.seed, tgt))
+            add(f"{r.row} s{r.seed}{start}" + ("" if r.status == "ok" else f" ({r.status})"), False, j, tgt, first,
+                last, _range_stats(rows(r), first, last), _range_stats(rows(ctl), first, last) if ctl else None)
+        if r.status == "ok":
+            pools.setdefault((r.row, tuple(_schedule(r))), []).append(r)
+    for (row, schedule), rs in pools.items():
+        if len(rs) < 2:
+            continue
+        start = f" from {schedule[0][0]}" if len(starts) > 1 else ""
+        for j, (tgt, first, last) in enumerate(schedule):
+            ctls = [controls.get((row, r.seed, tgt)) for r in rs]
+            ok_ctls = all(c is not None and c.status == "ok" for c in ctls)
+            missing = ", ".join(f"s{r.seed}" for r, c in zip(rs, ctls) if c is None or c.status != "ok")
+            add(f"{row} pooled s{','.join(str(r.seed) for r in sorted(rs, key=lambda r: r.seed))}{start}", True, j,
+                tgt, first, last, _range_stats([x for r in rs for x in rows(r)], first, last),
+                _range_stats([x for c in ctls for x in rows(c)], first, last) if ok_ctls else None,
+                no_ctl=f"no finished control for {missing}")
+    return out
+
+
+def render_segments(runs: list[Run]) -> list[str]:
+    """Markdown of :func:`switch_segments`: whether each target's acceptance is back at its own
+    level (its control's on the same prompts) when it returns."""
+    segs = switch_segments(runs)
+    if not segs:
+        return []
     out = ["## Per target segment (target_switch), beside a control stream that never switches", "",
            "Acceptance per segment [95% bootstrap over its prompts]; control: the same prompts decoded by a "
            "stream with that target throughout (same row and seed); separated: the two intervals do not overlap. "
@@ -429,41 +475,14 @@ def render_segments(runs: list[Run]) -> list[str]:
            "over prompts x seeds).",
            "", "| run | segment | target | prompts | acceptance | control (same prompts) | separated |",
            "|---|---|---|---|---|---|---|"]
-    starts = {targets(r)[0] for r in switching}
-
-    def line(run: str, j: int, tgt: str, first: int, last: int | None, st: dict | None, cs: dict | None,
-             no_ctl: str = "no control run") -> None:
-        if st is None and cs is None:
-            return
+    for g in segs:
+        st, cs, first, last = g["stats"], g["control"], g["first"], g["last"]
         span = f"{st['first']}..{st['last']}" if st else f"{first}..{'' if last is None else last}"
         sep = separated(st, cs) if st and cs else None
         ours = _num(st["acc"]) + _ci(st["acc_ci"]) if st else "not reached"
-        ctl_txt = _num(cs["acc"]) + _ci(cs["acc_ci"]) + f" ({cs['first']}..{cs['last']})" if cs else no_ctl
-        out.append(f"| {run} | {j + 1} | {tgt} | {span} | {ours} | {ctl_txt} | "
+        ctl_txt = _num(cs["acc"]) + _ci(cs["acc_ci"]) + f" ({cs['first']}..{cs['last']})" if cs else g["no_control"]
+        out.append(f"| {g['run']} | {g['segment'] + 1} | {g['target']} | {span} | {ours} | {ctl_txt} | "
                    f"{'–' if sep is None else ('yes' if sep else 'no')} |")
-
-    pools: dict[tuple, list[Run]] = {}
-    for r in switching:
-        start = f" from {targets(r)[0]}" if len(starts) > 1 else ""
-        for j, (tgt, first, last) in enumerate(_schedule(r)):
-            ctl = controls.get((r.row, r.seed, tgt))
-            line(f"{r.row} s{r.seed}{start}" + ("" if r.status == "ok" else f" ({r.status})"), j, tgt, first, last,
-                 _range_stats(rows(r), first, last), _range_stats(rows(ctl), first, last) if ctl else None)
-        if r.status == "ok":
-            pools.setdefault((r.row, tuple(_schedule(r))), []).append(r)
-    for (row, schedule), rs in pools.items():
-        if len(rs) < 2:
-            continue
-        seeds = sorted(r.seed for r in rs)
-        start = f" from {schedule[0][0]}" if len(starts) > 1 else ""
-        for j, (tgt, first, last) in enumerate(schedule):
-            ctls = [controls.get((row, r.seed, tgt)) for r in rs]
-            ok_ctls = all(c is not None and c.status == "ok" for c in ctls)
-            missing = ", ".join(f"s{r.seed}" for r, c in zip(rs, ctls) if c is None or c.status != "ok")
-            line(f"{row} pooled s{','.join(map(str, seeds))}{start}", j, tgt, first, last,
-                 _range_stats([x for r in rs for x in rows(r)], first, last),
-                 _range_stats([x for c in ctls for x in rows(c)], first, last) if ok_ctls else None,
-                 no_ctl=f"no finished control for {missing}")
     out.append("")
     return out
 
@@ -663,6 +682,8 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
 
     def label(r: Run) -> str:
         col = col_value(r, spec["cols"]) if spec else None
+        if isinstance(col, str) and " > " in col:  # a schedule of targets (col_value): their short names
+            col = ">".join(t.split("_")[0] for t in col.split(" > "))
         return f"{r.row or r.summary.get('method')} {col if col is not None else ''} s{r.seed}".strip()
 
     def save(fig, stem: str) -> None:
@@ -696,7 +717,8 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
             ax_sp.axhline(1.0, color="k", lw=0.5)
             ax_sp.set_ylabel("modelled speedup")
             ax_sp.set_title("modelled speedup over the train stream (line: rolling, points: test set)", fontsize=9)
-        (ax_sp if ax_sp is not None else ax).set_xlabel("train prompts")
+        stream = all(r.summary.get("protocol") == "stream" for r, _ in trains)
+        (ax_sp if ax_sp is not None else ax).set_xlabel("stream prompts" if stream else "train prompts")
         save(fig, "acceptance")
         losses = [(r, t) for r, t in trains if any("adapt/loss" in x or "head/loss" in x for x in t)]
         if losses:
@@ -716,6 +738,30 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
                 ax.plot([x.get("ngram/size", 0) for x in t], lw=1, label=label(r))
             ax.set_xlabel("train prompts"), ax.set_ylabel("n-gram cache entries"), ax.legend(fontsize=6, ncol=2)
             save(fig, "ngram_cache")
+    segs = switch_segments(runs)
+    if segs:  # the target switch: each segment beside its target's control on the same prompts
+        shown = [g for g in segs if g["pooled"]] or segs  # seeds pooled where there are several
+        labels = list(dict.fromkeys(g["run"] for g in shown))
+        fig, axes = plt.subplots(len(labels), 1, figsize=(7, 2.4 * len(labels) + 0.6), squeeze=False, sharey=True)
+        colors = {t: f"C{i}" for i, t in enumerate(dict.fromkeys(g["target"] for g in shown))}
+        for ax, lab in zip(axes[:, 0], labels):
+            for g in (g for g in shown if g["run"] == lab):
+                for key, dx, face in (("stats", -0.08, None), ("control", 0.08, "none")):
+                    st = g[key]
+                    if st is None or st.get("acc") is None:
+                        continue
+                    x = g["segment"] + 1 + dx
+                    err = ([[st["acc"] - st["acc_ci"][0]], [st["acc_ci"][1] - st["acc"]]] if st.get("acc_ci") else None)
+                    ax.errorbar([x], [st["acc"]], yerr=err, fmt="o", color=colors[g["target"]], mfc=face, ms=5,
+                                capsize=2, lw=1)
+            ticks = [g for g in shown if g["run"] == lab]
+            ax.set_xticks([g["segment"] + 1 for g in ticks],
+                          [f"{g['target']}\n{g['first']}..{'' if g['last'] is None else g['last']}" for g in ticks],
+                          fontsize=6)
+            ax.set_title(f"{lab}: filled = the switching stream, hollow = its target's control (same prompts)",
+                         fontsize=8)
+            ax.set_ylabel("acceptance", fontsize=8)
+        save(fig, "segments")
     lens = [(r, [n for x in test_rows(r) for n in (x.get("sd/step_proposed") or [])]) for r in ok]
     lens = [(r, v) for r, v in lens if v]
     if lens:

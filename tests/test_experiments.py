@@ -372,7 +372,8 @@ def test_switch_segments_pool_over_seeds_beside_their_pooled_controls(tmp_path):
         _fake_run(tmp_path / f"ca{seed}", ["A"], [], [5, 5, 5, 5, 5, 5], seed=seed)
     _fake_run(tmp_path / "cb0", ["B"], [], [2, 2, 2, 2, 2, 2])
     _fake_run(tmp_path / "ba0", ["B", "A", "B"], [2, 4], [2, 2, 5, 5, 2, 2])
-    write_paper_tables(tmp_path, plots=False)
+    files = {p.name for p in write_paper_tables(tmp_path)}
+    assert {"target_switch_segments.png", "target_switch_acceptance.png"} <= files  # segments beside controls
     md = (tmp_path / "target_switch.md").read_text()
     rows = [ln for ln in md.splitlines() if ln.startswith("| hybrid ")]
     assert sum(ln.startswith("| hybrid s0 from A |") for ln in rows) == 3
