@@ -410,10 +410,11 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
 
     Returns:
         Dicts with ``run`` (label: row and seed, or ``pooled`` and the seeds; the first target when
-        streams start from several), ``pooled``, ``segment`` (0-based), ``target``, ``first`` /
-        ``last`` (the schedule's prompts; ``last`` None: to the end), ``stats`` / ``control`` (
-        :func:`_range_stats` or None) and ``no_control`` (why there is none). Unfinished runs
-        appear with the prompts they reached.
+        streams start from several), ``pooled``, ``schedule`` ((row, segments): the stream's kind),
+        ``segment`` (0-based), ``target``, ``first`` / ``last`` (the schedule's prompts; ``last``
+        None: to the end), ``stats`` / ``control`` (:func:`_range_stats` or None; a control that did
+        not finish carries its ``status``) and ``no_control`` (why there is none). Unfinished runs
+        appear with the prompts they reached; a seed pools once.
     """
     def targets(r: Run) -> list[str]:
         return [t for t, _, _ in _schedule(r)]
@@ -433,23 +434,29 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(run: str, pooled: bool, j: int, tgt: str, first: int, last: int | None, st: dict | None,
-            cs: dict | None, no_ctl: str = "no control run") -> None:
+            cs: dict | None, no_ctl: str, key: tuple) -> None:
         if st is not None or cs is not None:
             out.append({"run": run, "pooled": pooled, "segment": j, "target": tgt, "first": first, "last": last,
-                        "stats": st, "control": cs, "no_control": no_ctl})
+                        "stats": st, "control": cs, "no_control": no_ctl, "schedule": key})
 
     pools: dict[tuple, list[Run]] = {}
     for r in switching:
         start = f" from {targets(r)[0]}" if len(starts) > 1 else ""
+        key = (r.row, tuple(_schedule(r)))
         for j, (tgt, first, last) in enumerate(_schedule(r)):
             ctl = controls.get((r.row, r.seed, tgt))
+            cs = _range_stats(rows(ctl), first, last) if ctl else None
+            if cs is not None and ctl.status != "ok":
+                cs = {**cs, "status": ctl.status}
+            why = "no control run" if ctl is None else f"the control ({ctl.status}) did not reach these prompts"
             add(f"{r.row} s{r.seed}{start}" + ("" if r.status == "ok" else f" ({r.status})"), False, j, tgt, first,
-                last, _range_stats(rows(r), first, last), _range_stats(rows(ctl), first, last) if ctl else None)
-        if r.status == "ok":
-            pools.setdefault((r.row, tuple(_schedule(r))), []).append(r)
+                last, _range_stats(rows(r), first, last), cs, why, key)
+        if r.status == "ok" and all(x.seed != r.seed for x in pools.get(key, [])):  # a seed once
+            pools.setdefault(key, []).append(r)
     for (row, schedule), rs in pools.items():
         if len(rs) < 2:
             continue
+        key = (row, schedule)
         start = f" from {schedule[0][0]}" if len(starts) > 1 else ""
         for j, (tgt, first, last) in enumerate(schedule):
             ctls = [controls.get((row, r.seed, tgt)) for r in rs]
@@ -458,7 +465,7 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
             add(f"{row} pooled s{','.join(str(r.seed) for r in sorted(rs, key=lambda r: r.seed))}{start}", True, j,
                 tgt, first, last, _range_stats([x for r in rs for x in rows(r)], first, last),
                 _range_stats([x for c in ctls for x in rows(c)], first, last) if ok_ctls else None,
-                no_ctl=f"no finished control for {missing}")
+                f"no finished control for {missing}", key)
     return out
 
 
@@ -480,7 +487,8 @@ def render_segments(runs: list[Run]) -> list[str]:
         span = f"{st['first']}..{st['last']}" if st else f"{first}..{'' if last is None else last}"
         sep = separated(st, cs) if st and cs else None
         ours = _num(st["acc"]) + _ci(st["acc_ci"]) if st else "not reached"
-        ctl_txt = _num(cs["acc"]) + _ci(cs["acc_ci"]) + f" ({cs['first']}..{cs['last']})" if cs else g["no_control"]
+        ctl_txt = (_num(cs["acc"]) + _ci(cs["acc_ci"]) + f" ({cs['first']}..{cs['last']}"
+                   + (f"; control {cs['status']}" if cs.get("status") else "") + ")" if cs else g["no_control"])
         out.append(f"| {g['run']} | {g['segment'] + 1} | {g['target']} | {span} | {ours} | {ctl_txt} | "
                    f"{'–' if sep is None else ('yes' if sep else 'no')} |")
     out.append("")
@@ -662,6 +670,22 @@ def rolling(rows: list[dict[str, Any]], w: int) -> tuple[np.ndarray, np.ndarray,
     return x, acc, total("new") * total("ar_s") / np.maximum(total("sd_s") * total("ar_steps"), 1e-12)
 
 
+def _short_names(names: list[str]) -> list[str]:
+    """Each name cut to its fewest leading ``_``-parts that still tell it from the other names
+    (``qwen25_coder_15b``, ``gemma3_270m`` -> ``qwen25``, ``gemma3``; ``qwen25_14b``, ``qwen25_7b`` kept)."""
+    distinct = list(dict.fromkeys(names))
+
+    def short(n: str) -> str:
+        parts = n.split("_")
+        for k in range(1, len(parts) + 1):
+            head = "_".join(parts[:k])
+            if not any(o != n and (o == head or o.startswith(head + "_")) for o in distinct):
+                return head
+        return n
+
+    return [short(n) for n in names]
+
+
 def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | None,
               stats: dict | None = None) -> list[Path]:
     """PNG plots of an experiment's runs: acceptance over the train stream with the test-set points
@@ -683,7 +707,7 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
     def label(r: Run) -> str:
         col = col_value(r, spec["cols"]) if spec else None
         if isinstance(col, str) and " > " in col:  # a schedule of targets (col_value): their short names
-            col = ">".join(t.split("_")[0] for t in col.split(" > "))
+            col = ">".join(_short_names(col.split(" > ")))
         return f"{r.row or r.summary.get('method')} {col if col is not None else ''} s{r.seed}".strip()
 
     def save(fig, stem: str) -> None:
@@ -740,7 +764,8 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
             save(fig, "ngram_cache")
     segs = switch_segments(runs)
     if segs:  # the target switch: each segment beside its target's control on the same prompts
-        shown = [g for g in segs if g["pooled"]] or segs  # seeds pooled where there are several
+        pooled = {g["schedule"] for g in segs if g["pooled"]}  # seeds pooled where a schedule has several
+        shown = [g for g in segs if g["pooled"] or g["schedule"] not in pooled]
         labels = list(dict.fromkeys(g["run"] for g in shown))
         fig, axes = plt.subplots(len(labels), 1, figsize=(7, 2.4 * len(labels) + 0.6), squeeze=False, sharey=True)
         colors = {t: f"C{i}" for i, t in enumerate(dict.fromkeys(g["target"] for g in shown))}

@@ -209,6 +209,19 @@ def check_target_switch(cfg: DictConfig) -> None:
     at = [int(a) for a in ts.at]
     if at[0] < 1 or any(b <= a for a, b in zip(at, at[1:])):
         raise OmniDraftError(f"target_switch.at={at}: the switch points must rise strictly, from >= 1")
+    if ts.get("schedule") is not None and ts.get("schedules"):  # a named schedule (experiment paper/target_switch)
+        if ts.schedule not in ts.schedules:
+            raise OmniDraftError(f"target_switch.schedule={ts.schedule}: no such schedule; known: "
+                                 f"{', '.join(ts.schedules)}")
+        if list(ts.targets) != list(ts.schedules[ts.schedule]):
+            raise OmniDraftError(f"target_switch.targets={list(ts.targets)} is given, but target_switch.schedule="
+                                 f"{ts.schedule} picks {list(ts.schedules[ts.schedule])}: with your own list pass "
+                                 f"target={ts.targets[0]} target_switch.schedule=null")
+    missing = [str(t) for t in ts.targets if str(t).startswith("no_partner_for_")]
+    if missing:
+        name = missing[0].removeprefix("no_partner_for_")
+        raise OmniDraftError(f"target_switch.partners has no partner for {name}: add "
+                             f"target_switch.partners.{name}=<another target>, or use target_switch.schedule=stay")
     if ts.targets[0] != cfg.target.name:
         raise OmniDraftError(f"target_switch.targets starts with {ts.targets[0]} but the run's target is "
                              f"{cfg.target.name}: the stream starts on the run's target; pass target={ts.targets[0]}")

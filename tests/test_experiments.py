@@ -384,6 +384,29 @@ def test_switch_segments_pool_over_seeds_beside_their_pooled_controls(tmp_path):
     assert "| 1 | A | 0..1 | 0.600" in pooled[0] and "| 0.500" in pooled[0] and "(0..1)" in pooled[0]
     # segment 2 (B): seed 1 has no B control
     assert "| 2 | B | 2..3 | 0.200" in pooled[1] and "no finished control for s1" in pooled[1]
+    # the plot's data: the pooled rows stand for the A-first schedule, the B-first stream (one seed) for itself
+    from omnidraft.paper_tables import read_runs, switch_segments
+
+    segs = switch_segments(read_runs(tmp_path))
+    assert len({g["schedule"] for g in segs}) == 2 and sum(g["pooled"] for g in segs) == 3
+    # a seed's run twice (the same cell under two job names) pools once; a cut control says so
+    _fake_run(tmp_path / "ab0_again", ["A", "B", "A"], [2, 4], [5, 5, 1, 1, 4, 4])
+    _fake_run(tmp_path / "cb1", ["B"], [], [2, 2, 2], status="failed", seed=1)
+    write_paper_tables(tmp_path, plots=False)
+    md = (tmp_path / "target_switch.md").read_text()
+    assert "pooled s0,1 from A" in md and "pooled s0,0" not in md
+    s1_b = next(ln for ln in md.splitlines() if ln.startswith("| hybrid s1 from A | 2 | B |"))
+    assert "(2..2; control failed)" in s1_b
+    s1_a3 = next(ln for ln in md.splitlines() if ln.startswith("| hybrid s1 from A | 3 | A |"))
+    assert "(4..5)" in s1_a3  # A's control of seed 1 finished
+
+
+def test_plot_legends_name_each_target_by_its_shortest_distinct_prefix():
+    from omnidraft.paper_tables import _short_names
+
+    assert _short_names(["qwen25_coder_15b", "gemma3_270m", "qwen25_coder_15b"]) == ["qwen25", "gemma3", "qwen25"]
+    assert _short_names(["qwen25_14b", "qwen25_7b"]) == ["qwen25_14b", "qwen25_7b"]  # not both `qwen25`
+    assert _short_names(["tiny_qwen2", "tiny_llama3"]) == ["tiny_qwen2", "tiny_llama3"]
 
 
 def test_a_cell_another_table_computed_is_copied_not_run_again(tmp_path):
@@ -457,6 +480,35 @@ def test_a_named_target_schedule_is_the_cell_of_its_explicit_list():
     listed = _compose([*base, "target_switch.targets=[tiny_qwen2,tiny_llama3,tiny_qwen2]", "target_switch.schedule=null"])
     stay = _compose([*base, "target_switch.schedule=stay"])
     assert cell_key(named) == cell_key(listed) != cell_key(stay)
+    # a run written before the named schedules existed (no schedule, schedules or partners) is the cell
+    from omnidraft.lifecycle import cell_fingerprint, portable_config, resolve_dtypes, same_cell
+
+    resolve_dtypes(listed)
+    old = portable_config(listed)
+    old["target_switch"] = {"targets": old["target_switch"]["targets"], "at": old["target_switch"]["at"]}
+    assert same_cell(old, cell_fingerprint(named)) and not same_cell(old, cell_fingerprint(stay))
+
+
+def test_a_named_schedule_refuses_an_explicit_list_beside_it_and_a_target_without_partner():
+    from omnidraft.errors import OmniDraftError
+    from omnidraft.runner import check_target_switch
+
+    base = ["experiment=paper/target_switch", "scale=tiny", "drafter=tiny_qwen2", "task=synthetic",
+            "target_switch.at=[2,4]", "protocol=stream"]
+    both = _compose([*base, "target=tiny_qwen2", "target_switch.schedule=stay",
+                     "target_switch.targets=[tiny_qwen2,tiny_llama3,tiny_qwen2]"])
+    with pytest.raises(OmniDraftError, match=r"is given, but target_switch.schedule=stay picks .* pass "
+                                             r"target=tiny_qwen2 target_switch.schedule=null"):
+        check_target_switch(both)
+    check_target_switch(_compose([*base, "target=tiny_qwen2", "target_switch.schedule=null",
+                                  "target_switch.targets=[tiny_qwen2,tiny_llama3,tiny_qwen2]"]))  # your own list
+    # a target the experiment names no partner for: its control composes, its switching stream says what to add
+    check_target_switch(_compose([*base, "target=tiny_llama2", "target_switch.schedule=stay"]))
+    with pytest.raises(OmniDraftError, match="no partner for tiny_llama2: add target_switch.partners.tiny_llama2="):
+        check_target_switch(_compose([*base, "target=tiny_llama2", "target_switch.schedule=back_and_forth"]))
+    with pytest.raises(OmniDraftError, match="schedule=nope: no such schedule; known: back_and_forth, stay"):
+        check_target_switch(_compose([*base, "target=tiny_qwen2", "target_switch.schedule=nope",
+                                      "target_switch.targets=[tiny_qwen2,tiny_llama3,tiny_qwen2]"]))
 
 
 def test_tables_of_any_other_sweep_list_each_run_by_its_own_overrides(tmp_path):
