@@ -1017,6 +1017,7 @@ def render_overview(root: Path, seeds: int = 3) -> str:
            "failed runs | left by its plan |",
            "|---|---|---:|---:|---|---|---:|---|"]
     reasons = read_reasons(root / REASONS)
+    all_full = all_trained = 0
     used: set[int] = set()
     reversed_lines: dict[str, list[str]] = {"reversed": [], "reversed_ci_overlap": []}
     left: dict[str, dict[str, float]] = {}  # scale -> job name -> core-seconds (a cell two tables share, once)
@@ -1061,10 +1062,13 @@ def render_overview(root: Path, seeds: int = 3) -> str:
         pairs = (" / ".join(str(count[v]) for v in verdicts) if any(count.values())
                  else "– (no pair both report)" if any("acc" in c for c in spec["cells"]) else "– (no paper numbers)")
         full = sum(len(c.get("seeds") or []) >= seeds for c in trained)
+        all_full, all_trained = all_full + full, all_trained + len(trained)
         spread = "–" if not n_seeds else (f"{n_seeds[0]}" if len(n_seeds) == 1 else f"{n_seeds[0]}-{n_seeds[-1]}")
         link = f.relative_to(root).with_suffix(".md").as_posix()
         out.append(f"| {name} ({f.parent.name}) | [{link}]({link}) | {len(d['cells'])} | {full}/{len(trained)} | "
                    f"{spread} | {pairs} | {len(d.get('failed') or [])} | {plan_text} |")
+    out += ["", f"Trained cells at {seeds} seeds, all tables: {all_full} of {all_trained} (a cell two tables share "
+            "counted in each)."]
     if left:
         out += ["", "Left by the plans (`omnidraft plan experiment=paper/<table> scale=<scale> seed=0,1,2 "
                 "--out=<this dir>/plans/<table>_<scale>.md`, as last written; a job two tables share counted once): "

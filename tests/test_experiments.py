@@ -657,6 +657,7 @@ def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_p
     assert ("| table3 (cpu) | [table3/cpu/table3.md](table3/cpu/table3.md) | 2 | 1/1 | 3 | – (no pair both report) | 0 | "
             "~0.8 core-h, 2 jobs |") in text
     assert "cpu: ~1.0 core-hours, 3 jobs." in text  # the shared job once
+    assert "Trained cells at 3 seeds, all tables: 2 of 3 " in text
     assert text.index("table1 (cpu)") < text.index("table3 (cpu)") and "summary" not in text.split("## Reversed")[0]
     rev = text.split("## Reversed with separated intervals")[1]
     assert ("- table1 (cpu), t, gsm8k, Llama3-8B: ours L_DM 0.500 [0.470, 0.530] above L_DM + λ L_Ngram 0.400 "
