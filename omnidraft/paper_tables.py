@@ -770,7 +770,8 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
         fig, axes = plt.subplots(len(labels), 1, figsize=(7, 2.4 * len(labels) + 0.6), squeeze=False, sharey=True)
         colors = {t: f"C{i}" for i, t in enumerate(dict.fromkeys(g["target"] for g in shown))}
         for ax, lab in zip(axes[:, 0], labels):
-            for g in (g for g in shown if g["run"] == lab):
+            ticks = [g for g in shown if g["run"] == lab]
+            for g in ticks:
                 for key, dx, face in (("stats", -0.08, None), ("control", 0.08, "none")):
                     st = g[key]
                     if st is None or st.get("acc") is None:
@@ -779,7 +780,6 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
                     err = ([[st["acc"] - st["acc_ci"][0]], [st["acc_ci"][1] - st["acc"]]] if st.get("acc_ci") else None)
                     ax.errorbar([x], [st["acc"]], yerr=err, fmt="o", color=colors[g["target"]], mfc=face, ms=5,
                                 capsize=2, lw=1)
-            ticks = [g for g in shown if g["run"] == lab]
             ax.set_xticks([g["segment"] + 1 for g in ticks],
                           [f"{g['target']}\n{g['first']}..{'' if g['last'] is None else g['last']}" for g in ticks],
                           fontsize=6)
@@ -1019,6 +1019,7 @@ def render_overview(root: Path, seeds: int = 3) -> str:
     reasons = read_reasons(root / REASONS)
     all_full = all_trained = 0
     used: set[int] = set()
+    n_why = 0
     reversed_lines: dict[str, list[str]] = {"reversed": [], "reversed_ci_overlap": []}
     left: dict[str, dict[str, float]] = {}  # scale -> job name -> core-seconds (a cell two tables share, once)
     for f, d in found:
@@ -1051,6 +1052,7 @@ def render_overview(root: Path, seeds: int = 3) -> str:
                     why = _reason_for(reasons, name, g, hi, lo)
                     if why is not None:
                         used.add(id(why))
+                        n_why += 1
                     lines.append(
                         f"- {name} ({f.parent.name}), {g['target']}, {where}: ours {label(lo)} "
                         f"{g['ours'][lo]['acc']:.3f}{_ci(g['ours'][lo].get('acc_ci'))} "
@@ -1075,7 +1077,6 @@ def render_overview(root: Path, seeds: int = 3) -> str:
                 + "; ".join(f"{sc}: ~{sum(v.values()) / 3600:.1f} core-hours, {len(v)} jobs" for sc, v in sorted(left.items()))
                 + "."]
     n_rev = sum(len(v) for v in reversed_lines.values())
-    n_why = sum(not ln.endswith(f"(add one to {REASONS}).") for v in reversed_lines.values() for ln in v)
     out += ["", f"Reversed pairs: {n_rev}, {n_why} with a reason (hand-written in `{REASONS}` beside this file: "
             "the experiment, the paper's pair higher first, optionally the column and paper target).",
             "", "## Reversed with separated intervals", ""]
