@@ -18,6 +18,7 @@ fails with one line and exit code 2 before Hydra starts a run. Errors raised whi
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 from omnidraft.config import CONF_DIR
@@ -33,6 +34,12 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
+# Hydra's command-line modes, by each of their spellings: one per command.
+_MODES = {"-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg", "--cfg": "--cfg", "-r": "--run",
+          "--run": "--run", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+          "--shell-completion": "--shell-completion"}
+
+
 def _precompose(argv: list[str], config_name: str = "config") -> None:
     """Compose the run's config (every job's, for a sweep) and check it, so that a bad key, value or
     group option fails in one line before any model loads or any job of a sweep starts.
@@ -46,11 +53,18 @@ def _precompose(argv: list[str], config_name: str = "config") -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from omnidraft.config import register_configs
+    from omnidraft.errors import OmniDraftError
 
     flags = [a for a in argv if a.startswith("-")]
+    modes = {_MODES[f.split("=")[0]] for f in flags if f.split("=")[0] in _MODES}
+    if len(modes) > 1:  # Hydra's own refusal is a traceback
+        raise OmniDraftError(f"{' and '.join(sorted(modes))}: Hydra takes one of them per command; "
+                             "drop all but one")
     if any(f not in ("-m", "--multirun") for f in flags):
         return  # --cfg, --help, --info ...: leave them to Hydra
-    overrides = [a for a in argv if not a.startswith("-") and not a.split("=")[0].lstrip("+~").startswith("hydra")]
+    args = [a for a in argv if not a.startswith("-")]
+    hydra_args = [a for a in args if a.split("=")[0].lstrip("+~").startswith("hydra")]
+    overrides = [a for a in args if a not in hydra_args]
     register_configs()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -58,8 +72,17 @@ def _precompose(argv: list[str], config_name: str = "config") -> None:
             jobs = sweep_jobs(overrides, compose, config_name) if flags else [overrides]
             for job in jobs:
                 _CHECKS[config_name](compose(config_name, overrides=job))
+            if hydra_args:  # a launcher, its keys, the run/sweep dirs: Hydra's own config, once
+                compose(config_name, overrides=jobs[0] + hydra_args, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
-        _fail(_explain(e))
+        _fail(_explain(e) + _hint(e))
+
+
+def _hint(e: BaseException) -> str:
+    """The fix for a Hydra error whose own text does not say it."""
+    if "hydra/launcher/ray" in str(e):
+        return "; the Ray launcher is the optional extra: pip install -e '.[ray]'"
+    return ""
 
 
 def _check_added_keys(overrides: list[str], compose, config_name: str) -> None:
@@ -166,6 +189,10 @@ def sweep_jobs(overrides: list[str], compose, config_name: str = "config", every
 def _explain(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     text = " ".join(lines[:3]) if lines else type(e).__name__
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("Available options in")), None)
+    if at is not None:  # a missing group option: Hydra lists every option a line each, then its search path
+        options = list(itertools.takewhile(lambda ln: not ln.startswith("Config search path"), lines[at + 1:]))
+        text = " ".join(lines[:at + 1] + [", ".join(options)])
     cause = e.__cause__
     if cause is not None and str(cause).strip():
         text += f" ({_first_line(cause)})"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -37,7 +38,10 @@ def test_debug_tiny_writes_run_files(tmp_path):
 @pytest.mark.parametrize("args,needles", [
     (["debug=tiny", "foo=1"], ["foo"]),
     (["debug=tiny", "method.kk=3"], ["kk"]),
-    (["target=nope"], ["nope"]),
+    (["target=nope"], ["nope", "gemma3_270m, ", ", tiny_qwen2"]),  # every option of the group, on the one line
+    (["debug=tiny", "hydra.launcher.n_jobz=2"], ["hydra.launcher.n_jobz"]),  # Hydra's own config is checked too
+    (["debug=tiny", "hydra/launcher=nope"], ["hydra/launcher/nope", "joblib, ", "submitit_local"]),
+    (["debug=tiny", "-m", "--info"], ["--info and --multirun", "one of them"]),
     (["debug=tiny", "method.k=0"], ["method.k=0"]),
     (["debug=tiny", "method=omnidraft", "method.drafter.eviction=lfuu"], ["method.drafter: eviction must be 'lru' or 'lfu', got 'lfuu'"]),
     (["debug=tiny", "method=omnidraft", "method.drafter.capacity=0"], ["method.drafter: capacity must be >= 1", "got 0"]),
@@ -45,6 +49,12 @@ def test_debug_tiny_writes_run_files(tmp_path):
 ])
 def test_bad_overrides(tmp_path, args, needles):
     one_error_line(_cli(args, tmp_path), *needles)
+
+
+def test_the_ray_launcher_without_its_extra_names_the_extra(tmp_path):
+    if importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None:
+        pytest.skip("the optional extra .[ray] is installed here")
+    one_error_line(_cli(["debug=tiny", "hydra/launcher=ray_cpu"], tmp_path), "hydra/launcher/ray", "pip install -e '.[ray]'")
 
 
 def test_gguf_checksum_mismatch(tmp_path):

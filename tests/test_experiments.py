@@ -300,6 +300,28 @@ def test_the_submitit_launcher_runs_a_sweep(tmp_path):
     assert len(runs) == 1 and runs[0].status == "ok" and (d / ".submitit").is_dir()
 
 
+def test_the_ray_launcher_runs_a_sweep_records_a_failed_job_and_skips_finished_ones(tmp_path):
+    # the optional extra `.[ray]` (hydra-ray-launcher); CI does not install it, so this runs where it is installed
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    d = tmp_path / "s"
+    # a local Ray instance with one CPU, so the two jobs run one after the other in Ray's worker processes;
+    # the gsm8k job reads a file that does not exist and fails, the synthetic one ignores task.path
+    args = ["experiment=paper/figure2", "scale=tiny", "task=synthetic,gsm8k", "task.source=local",
+            f"task.path={tmp_path}/missing.jsonl", "hydra/launcher=ray_cpu", "hydra.launcher.ray.init.num_cpus=1",
+            f"hydra.sweep.dir={d}"]
+    proc = _sweep(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = list(d.rglob("error.txt"))
+    assert len(errors) == 1 and "missing.jsonl" in errors[0].read_text()
+    ok = [r for r in read_runs(d) if r.status == "ok"]
+    assert len(ok) == 1 and ok[0].get("task.name") == "synthetic"
+    summary = ok[0].path / "summary.json"
+    before = summary.read_text()
+    again = _sweep(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "finished earlier, skipped" in again.stdout + again.stderr and summary.read_text() == before
+
+
 def _fake_run(d: Path, targets: list[str], at: list[int], accepted: list[int], status: str = "ok",
               seed: int = 0) -> None:
     """A stream run directory of experiment paper/target_switch: config, summary, one row per prompt
