@@ -75,13 +75,19 @@ def _precompose(argv: list[str], config_name: str = "config") -> None:
             if hydra_args:  # a launcher, its keys, the run/sweep dirs: Hydra's own config, once
                 compose(config_name, overrides=jobs[0] + hydra_args, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
-        _fail(_explain(e) + _hint(e))
+        _fail(_explain(e))
 
 
 def _hint(e: BaseException) -> str:
     """The fix for a Hydra error whose own text does not say it."""
     if "hydra/launcher/ray" in str(e):
         return "; the Ray launcher is the optional extra: pip install -e '.[ray]'"
+    if "Could not find 'experiment/" in str(e):  # Hydra lists no options of a nested group
+        from pathlib import Path
+
+        root = Path(CONF_DIR) / "experiment"
+        names = sorted(str(f.relative_to(root).with_suffix("")) for f in root.rglob("*.yaml"))
+        return f"; the experiments are: {', '.join(names)}"
     return ""
 
 
@@ -188,15 +194,15 @@ def sweep_jobs(overrides: list[str], compose, config_name: str = "config", every
 
 def _explain(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    lines = list(itertools.takewhile(lambda ln: not ln.startswith("Config search path"), lines))  # Hydra's, not ours
     text = " ".join(lines[:3]) if lines else type(e).__name__
     at = next((i for i, ln in enumerate(lines) if ln.startswith("Available options in")), None)
-    if at is not None:  # a missing group option: Hydra lists every option a line each, then its search path
-        options = list(itertools.takewhile(lambda ln: not ln.startswith("Config search path"), lines[at + 1:]))
-        text = " ".join(lines[:at + 1] + [", ".join(options)])
+    if at is not None:  # a missing group option: Hydra lists every option, a line each
+        text = " ".join(lines[:at + 1] + [", ".join(lines[at + 1:])])
     cause = e.__cause__
     if cause is not None and str(cause).strip():
         text += f" ({_first_line(cause)})"
-    return text
+    return text + _hint(e)
 
 
 def _check_run(cfg) -> None:
@@ -270,7 +276,11 @@ def _tables(argv: list[str]) -> None:
     from omnidraft.errors import OmniDraftError
     from omnidraft.tables import GROUPS, write_table
 
-    p = argparse.ArgumentParser(prog="omnidraft tables", description="Markdown tables from result files.")
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # argparse's own: a usage block, then its line
+            _fail(f"tables: {message}; see omnidraft tables --help")
+
+    p = _Parser(prog="omnidraft tables", description="Markdown tables from result files.")
     p.add_argument("group", help=f"one of {', '.join(GROUPS)}, or a directory of paper-experiment runs")
     p.add_argument("--results", type=Path, default=Path("results"), help="the results directory (default: results)")
     p.add_argument("--no-plots", action="store_true", help="paper tables: skip the PNG plots")
@@ -324,6 +334,8 @@ def _plan(argv: list[str]) -> None:
         _fail(f"plan: unknown flag {bad[0]}; use: omnidraft plan <sweep overrides> [--out=FILE]")
     if not any(o.split("=", 1)[0] == "experiment" for o in overrides):
         _fail("plan: name the sweep, e.g. omnidraft plan experiment=paper/table1 scale=cpu seed=0,1,2")
+    if out:
+        _check_writable(Path(out), "--out=")
     register_configs()
     jobs = []
     try:
@@ -371,6 +383,20 @@ def _plan(argv: list[str]) -> None:
                     print(f"omnidraft: warning: {papers / 'overview.md'} not written again: {_first_line(e)}",
                           file=sys.stderr)
     print(text)
+
+
+def _check_writable(path, flag: str) -> None:
+    """A file the command will write at its end: its directory must take a new file now, before the work."""
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent):
+            pass
+        if path.is_dir():
+            raise IsADirectoryError(21, "a directory")
+    except OSError as e:
+        _fail(f"{flag}{path}: cannot write there ({e.strerror or type(e).__name__}); choose a writable file")
 
 
 def _metric(summary: dict) -> float | None:

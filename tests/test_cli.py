@@ -42,6 +42,7 @@ def test_debug_tiny_writes_run_files(tmp_path):
     (["debug=tiny", "hydra.launcher.n_jobz=2"], ["hydra.launcher.n_jobz"]),  # Hydra's own config is checked too
     (["debug=tiny", "hydra/launcher=nope"], ["hydra/launcher/nope", "joblib, ", "submitit_local"]),
     (["debug=tiny", "-m", "--info"], ["--info and --multirun", "one of them"]),
+    (["experiment=paper/nope"], ["experiment/paper/nope", "paper/table1, "]),  # a nested group: the experiments
     (["debug=tiny", "method.k=0"], ["method.k=0"]),
     (["debug=tiny", "method=omnidraft", "method.drafter.eviction=lfuu"], ["method.drafter: eviction must be 'lru' or 'lfu', got 'lfuu'"]),
     (["debug=tiny", "method=omnidraft", "method.drafter.capacity=0"], ["method.drafter: capacity must be >= 1", "got 0"]),
@@ -55,6 +56,23 @@ def test_the_ray_launcher_without_its_extra_names_the_extra(tmp_path):
     if importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None:
         pytest.skip("the optional extra .[ray] is installed here")
     one_error_line(_cli(["debug=tiny", "hydra/launcher=ray_cpu"], tmp_path), "hydra/launcher/ray", "pip install -e '.[ray]'")
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["tables"], ["tables: the following arguments are required: group", "--help"]),
+    (["tables", "results", "--overveiw"], ["unrecognized arguments: --overveiw"]),
+    (["plan", "experiment=paper/table1", "scale=tiny", "--out={tmp}/plan.md/sub.md"], ["--out=", "plan.md/sub.md"]),
+    (["plan", "experiment=paper/table1", "scale=tiny", "--out={tmp}"], ["--out=", "a directory"]),
+    (["plan", "experiment=paper/tabel1"], ["experiment/paper/tabel1", "paper/table1, "]),
+])
+def test_the_subcommands_bad_input(tmp_path, args, needles):
+    (tmp_path / "plan.md").write_text("a file where --out wants a directory")
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    proc = subprocess.run([sys.executable, "-m", "omnidraft", *(a.format(tmp=tmp_path) for a in args)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 2
+    one_error_line(proc, *needles)
+    assert not list(tmp_path.glob("plan*.json"))  # failed before any work: nothing written
 
 
 def test_gguf_checksum_mismatch(tmp_path):
