@@ -128,10 +128,18 @@ def _check_added_keys(overrides: list[str], compose, config_name: str) -> None:
                              "its name (`omnidraft --cfg job` prints every key)")
 
 
+def _probe_dir(path) -> None:
+    """Create ``path`` if needed and write a file there (raises OSError where this process cannot)."""
+    import tempfile
+
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path):
+        pass
+
+
 def _check_run_dir(argv: list[str]) -> None:
     """A ``hydra.run.dir`` / ``hydra.sweep.dir`` given on the command line must be a directory this
     process can write, checked before Hydra creates it (its own failure is a traceback)."""
-    import tempfile
     from pathlib import Path
 
     multirun = any(a in ("-m", "--multirun") for a in argv)
@@ -143,9 +151,7 @@ def _check_run_dir(argv: list[str]) -> None:
             continue  # an interpolation Hydra resolves (${now:...}): checked by Hydra when it creates it
         path = Path(a[len(key):])
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=path):
-                pass
+            _probe_dir(path)
         except OSError as e:
             _fail(f"{a}: cannot write there ({e.strerror or type(e).__name__}); choose a writable directory")
 
@@ -387,12 +393,8 @@ def _plan(argv: list[str]) -> None:
 
 def _check_writable(path, flag: str) -> None:
     """A file the command will write at its end: its directory must take a new file now, before the work."""
-    import tempfile
-
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent):
-            pass
+        _probe_dir(path.parent)
         if path.is_dir():
             raise IsADirectoryError(21, "a directory")
     except OSError as e:
