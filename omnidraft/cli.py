@@ -40,6 +40,27 @@ _MODES = {"-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg", "--cfg"
           "--shell-completion": "--shell-completion"}
 
 
+def _check_hydra_flags(argv: list[str]) -> None:
+    """Parse the command line's flags the way Hydra will, so that a bad one (``--cfg jb``, ``--bogus``)
+    fails in one line: argparse's own refusal prints a usage block before its line."""
+    import contextlib
+    import io
+
+    try:
+        from hydra._internal.utils import get_args_parser
+    except ImportError:  # another Hydra layout: its own parser will refuse it
+        return
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            get_args_parser().parse_args(argv)
+    except SystemExit as e:
+        if e.code:  # 0 is --version: Hydra prints it itself
+            lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+            msg = lines[-1].split("error: ", 1)[-1] if lines else f"bad flag in: {' '.join(argv)}"
+            _fail(f"{msg}; `omnidraft --help` lists the flags")
+
+
 def _precompose(argv: list[str], config_name: str = "config") -> None:
     """Compose the run's config (every job's, for a sweep) and check it, so that a bad key, value or
     group option fails in one line before any model loads or any job of a sweep starts.
@@ -605,6 +626,7 @@ def main() -> None:
     if argv and argv[0] in ("distill", "bench", "trace", "calibrate"):
         config_name = argv.pop(0)
         sys.argv = [sys.argv[0]] + argv  # Hydra parses the overrides only
+    _check_hydra_flags(argv)
     try:
         _precompose(argv, config_name)
     except OmniDraftError as e:

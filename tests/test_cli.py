@@ -42,6 +42,9 @@ def test_debug_tiny_writes_run_files(tmp_path):
     (["debug=tiny", "hydra.launcher.n_jobz=2"], ["hydra.launcher.n_jobz"]),  # Hydra's own config is checked too
     (["debug=tiny", "hydra/launcher=nope"], ["hydra/launcher/nope", "joblib, ", "submitit_local"]),
     (["debug=tiny", "-m", "--info"], ["--info and --multirun", "one of them"]),
+    (["debug=tiny", "--cfg", "jb"], ["argument --cfg/-c: invalid choice: 'jb'", "'job'", "--help"]),  # Hydra's flags
+    (["debug=tiny", "--bogus"], ["unrecognized arguments: --bogus", "--help"]),
+    (["distill", "debug=tiny", "--bogus"], ["unrecognized arguments: --bogus"]),
     (["experiment=paper/nope"], ["experiment/paper/nope", "paper/table1, "]),  # a nested group: the experiments
     (["debug=tiny", "method.k=0"], ["method.k=0"]),
     (["debug=tiny", "method=omnidraft", "method.drafter.eviction=lfuu"], ["method.drafter: eviction must be 'lru' or 'lfu', got 'lfuu'"]),
