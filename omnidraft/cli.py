@@ -186,8 +186,9 @@ def sweep_jobs(overrides: list[str], compose, config_name: str = "config", every
     """The override lists of a sweep's jobs, as Hydra's basic sweeper builds them: the config's
     ``hydra.sweeper.params`` (an experiment's sweep) under the command line's overrides (the
     command line wins for a key both set), every ``a=x,y`` / ``range()`` / ``choice()`` expanded into
-    the cartesian product. Dimensions in :data:`_UNCHECKED_DIMS` keep their first value only, unless
-    ``every_value`` (the sweep's jobs, not the configs to check).
+    the cartesian product. Dimensions in :data:`_UNCHECKED_DIMS` take their first value in the product
+    and each later value on its first job only, unless ``every_value`` (the sweep's jobs, not the
+    configs to check).
 
     Args:
         overrides: the command line's overrides (no ``hydra.*`` keys).
@@ -206,7 +207,7 @@ def sweep_jobs(overrides: list[str], compose, config_name: str = "config", every
     params = dict(hcfg.hydra.sweeper.get("params") or {})
     keys = {o.get_key_element().lstrip("+~") for o in given}
     lines = [f"{k}={v}" for k, v in params.items() if str(k).lstrip("+~") not in keys] + list(overrides)
-    dims = []
+    dims, rest = [], []  # rest: (dimension, value) of the unchecked dimensions' later values
     for o in parser.parse_overrides(lines):
         key = o.get_key_element()
         if not o.is_sweep_override():  # Hydra's basic sweeper's form (1e-3 -> 0.001): its job directories' names
@@ -214,9 +215,13 @@ def sweep_jobs(overrides: list[str], compose, config_name: str = "config", every
             continue
         values = list(o.sweep_string_iterator())
         if key.lstrip("+~") in _UNCHECKED_DIMS and not every_value:
+            rest += [(len(dims), f"{key}={v}") for v in values[1:]]
             values = values[:1]
         dims.append([f"{key}={v}" for v in values])
-    return [list(job) for job in itertools.product(*dims)]
+    jobs = [list(job) for job in itertools.product(*dims)]
+    for i, item in rest:  # each later value once, on the first job: a bad seed fails before any job starts
+        jobs.append(jobs[0][:i] + [item] + jobs[0][i + 1:])
+    return jobs
 
 
 def _explain(e: BaseException) -> str:

@@ -261,6 +261,10 @@ class TargetParts:
     lora: dict[str, torch.Tensor] | None = None
 
 
+# A target's drafter parts, as the messages about drafter.init_state name them.
+_PART_NAMES = {"ngram": "n-gram cache", "lora": "LoRA adapters", "head": "acceptance head"}
+
+
 class Session:
     """Loaded models + drafter for one (target, drafter, method): what notebooks use.
 
@@ -415,6 +419,7 @@ class Session:
         has = {"ngram": lambda p: "drafter" in p.meta,
                "lora": lambda p: any(k.startswith("param.") for k in p.tensors),
                "head": lambda p: any(k.startswith("head.") for k in p.tensors)}
+        self._check_unrecorded(init, [k for k in kinds if has[k](init)])
         names = state_io.target_names(init.meta)
         built = ", ".join(n or f"tokenizer {state_io.target_key(h)}" for h, n in names.items()) or "<not recorded>"
         firsts = {}
@@ -430,8 +435,7 @@ class Session:
             self.init_info[f"drafter/init_{kind}"] = per[self.target_name] if len(per) == 1 else per
         if not lacking:
             return
-        what = {"ngram": "n-gram cache", "lora": "LoRA adapters", "head": "acceptance head"}
-        parts_txt = ", ".join(what[k] for k in kinds)
+        parts_txt = ", ".join(_PART_NAMES[k] for k in kinds)
         them = ", ".join(lacking)
         path = self.cfg.drafter.init_state
         if self.cfg.drafter.strict_target:
@@ -442,6 +446,25 @@ class Session:
 
         warnings.warn(f"drafter.init_state={path} was built for target {built}; target {them} has another tokenizer, "
                       f"so its {parts_txt} start empty (drafter.strict_target=true refuses)", stacklevel=3)
+
+    def _check_unrecorded(self, init: state_io.SavedState, held: list[str]) -> None:
+        """A state that records no target tokenizer (from before targets were recorded) serves the
+        run's first target: quietly where it names that target, else with one warning line
+        (``drafter.strict_target`` refuses), since its parts may be another tokenizer's."""
+        h, name = state_io.active_target(init.meta)
+        if h is not None or not held or name == self.target_name:
+            return
+        parts_txt = ", ".join(_PART_NAMES[k] for k in held)
+        path, built = self.cfg.drafter.init_state, name or "<not recorded>"
+        if self.cfg.drafter.strict_target:
+            raise OmniDraftError(f"drafter.init_state={path} records no target tokenizer (built for target {built}) "
+                                 f"and drafter.strict_target=true: its {parts_txt} may be another tokenizer's; serve "
+                                 f"it on {built}, or drop drafter.strict_target to take them as {self.target_name}'s")
+        import warnings
+
+        warnings.warn(f"drafter.init_state={path} records no target tokenizer (built for target {built}): its "
+                      f"{parts_txt} are taken as target {self.target_name}'s (drafter.strict_target=true refuses)",
+                      stacklevel=3)
 
     def _carry_others(self, st: state_io.SavedState, live: set[str]) -> None:
         """Keep the parts ``st`` holds for targets this run does not use, to write them back untouched."""

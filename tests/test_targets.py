@@ -205,8 +205,8 @@ def test_a_to_b_to_a_across_runs_gets_a_parts_back(tmp_path):
 
 def test_states_from_before_per_target_parts_still_load(tmp_path):
     """A state with no ``targets`` section holds the parts of ``meta.tokenizers.target``: they
-    serve that target, another one starts empty; a state that records no target at all (older
-    bench checkpoints) is taken as the run's target's."""
+    serve that target, another one starts empty; a state that records no target tokenizer (older
+    bench checkpoints) is taken as the run's target's, quietly only where it names that target."""
     run(_cfg(tmp_path, "a", "task.limit=2", "ablation=adaptive_joint", "method.adapt.interval=2"))
     path = tmp_path / "a" / "state"
     meta = json.loads((path / "meta.json").read_text())
@@ -223,10 +223,22 @@ def test_states_from_before_per_target_parts_still_load(tmp_path):
         sess_b = Session(_cfg(tmp_path, "b", f"target={B}", *init))
     assert len(sess_b.drafter.ngram) == 0 and not sess_b.head_learner.head.out.weight.any()
 
-    meta.pop("tokenizers")
+    meta.pop("tokenizers")  # no tokenizer recorded: its parts serve the run's target, never silently
     (path / "meta.json").write_text(json.dumps(meta))
-    sess_b = Session(_cfg(tmp_path, "b2", f"target={B}", *init))
+    with pytest.warns(UserWarning, match=f"records no target tokenizer \\(built for target {A}\\): its n-gram "
+                      f"cache, acceptance head are taken as target {B}'s"):
+        sess_b = Session(_cfg(tmp_path, "b2", f"target={B}", *init))
     assert _j(sess_b.drafter.state_dict()) == saved.meta["drafter"]
+    with pytest.raises(OmniDraftError, match="records no target tokenizer.*drafter.strict_target=true"):
+        Session(_cfg(tmp_path, "b3", f"target={B}", *init, "drafter.strict_target=true"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the target it names: no warning
+        sess_a = Session(_cfg(tmp_path, "a3", *init, "drafter.strict_target=true"))
+    assert _j(sess_a.drafter.state_dict()) == saved.meta["drafter"]
+    meta.pop("fingerprint")  # nothing recorded at all
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match="built for target <not recorded>"):
+        Session(_cfg(tmp_path, "a4", *init))
 
 
 def test_lora_states_served_frozen_follow_the_target(switched, tmp_path):
