@@ -58,6 +58,8 @@ def _check_hydra_flags(argv: list[str]) -> None:
         if e.code:  # 0 is --version: Hydra prints it itself
             lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
             msg = lines[-1].split("error: ", 1)[-1] if lines else f"bad flag in: {' '.join(argv)}"
+            if msg.startswith("unrecognized arguments: ") and not msg.split(": ", 1)[1].startswith("-"):
+                _fail(f"{msg}: overrides on both sides of a flag; put -m (--cfg, ...) before or after all of them")
             _fail(f"{msg}; `omnidraft --help` lists the flags")
 
 
@@ -90,6 +92,8 @@ def _precompose(argv: list[str], config_name: str = "config") -> None:
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             _check_added_keys(overrides, compose, config_name)
+            if not flags:
+                _check_not_a_sweep(args, compose, config_name)
             jobs = sweep_jobs(overrides, compose, config_name) if flags else [overrides]
             for job in jobs:
                 _CHECKS[config_name](compose(config_name, overrides=job))
@@ -97,6 +101,22 @@ def _precompose(argv: list[str], config_name: str = "config") -> None:
                 compose(config_name, overrides=jobs[0] + hydra_args, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
         _fail(_explain(e))
+
+
+def _check_not_a_sweep(args: list[str], compose, config_name: str) -> None:
+    """Refuse an experiment run without ``-m``: its settings (rows, temperature, engine ...) sit in
+    its ``hydra.sweeper.params``, which only a multirun applies, so one run would silently be
+    another setting."""
+    from omnidraft.errors import OmniDraftError
+
+    if not any(a.split("=")[0].lstrip("+~") == "experiment" for a in args):
+        return
+    hcfg = compose(config_name, overrides=args, return_hydra_config=True)
+    params = dict(hcfg.hydra.sweeper.get("params") or {})
+    if params:
+        exp = next(a for a in args if a.split("=")[0].lstrip("+~") == "experiment").split("=", 1)[1]
+        raise OmniDraftError(f"experiment={exp} is a sweep: its settings ({', '.join(params)}) apply only in a "
+                             f"multirun; add -m (one job: omnidraft -m {' '.join(args)} row=<row> seed=<seed>)")
 
 
 def _hint(e: BaseException) -> str:

@@ -41,11 +41,13 @@ def test_debug_tiny_writes_run_files(tmp_path):
     (["target=nope"], ["nope", "gemma3_270m, ", ", tiny_qwen2"]),  # every option of the group, on the one line
     (["debug=tiny", "hydra.launcher.n_jobz=2"], ["hydra.launcher.n_jobz"]),  # Hydra's own config is checked too
     (["debug=tiny", "hydra/launcher=nope"], ["hydra/launcher/nope", "joblib, ", "submitit_local"]),
-    (["-m", "debug=tiny", "seed=0,x"], ["seed=x", "Integer"]),  # a later seed too, before seed 0's job starts
+    (["debug=tiny", "seed=0,x", "-m"], ["seed=x", "Integer"]),
+    (["-m", "debug=tiny"], ["unrecognized arguments: debug=tiny", "before or after all of them"]),  # after run.dir=  # a later seed too, before seed 0's job starts
     (["debug=tiny", "-m", "--info"], ["--info and --multirun", "one of them"]),
     (["debug=tiny", "--cfg", "jb"], ["argument --cfg/-c: invalid choice: 'jb'", "'job'", "--help"]),  # Hydra's flags
     (["debug=tiny", "--bogus"], ["unrecognized arguments: --bogus", "--help"]),
     (["distill", "debug=tiny", "--bogus"], ["unrecognized arguments: --bogus"]),
+    (["experiment=paper/table6_t1", "scale=tiny"], ["experiment=paper/table6_t1 is a sweep", "method.temperature", "add -m"]),
     (["experiment=paper/nope"], ["experiment/paper/nope", "paper/table1, "]),  # a nested group: the experiments
     (["debug=tiny", "method.k=0"], ["method.k=0"]),
     (["debug=tiny", "method=omnidraft", "method.drafter.eviction=lfuu"], ["method.drafter: eviction must be 'lru' or 'lfu', got 'lfuu'"]),
