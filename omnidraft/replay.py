@@ -124,8 +124,9 @@ def check_replay_config(cfg: DictConfig) -> None:
     """What ``engine=replay`` refuses before a model loads.
 
     Raises:
-        OmniDraftError: sampling (a trace is one greedy trajectory), or a method that runs
-            transformers' own generation loop (it has no verifier seam).
+        OmniDraftError: sampling (a trace is one greedy trajectory), a method that runs
+            transformers' own generation loop (it has no verifier seam), or a task switch whose
+            segments are no slices of their tasks' traces (shuffled, or with a target switch).
     """
     m = cfg.method
     if float(m.temperature) > 0:
@@ -135,6 +136,16 @@ def check_replay_config(cfg: DictConfig) -> None:
     if m.engine == "hf_assisted":
         raise OmniDraftError(f"method={m.name} runs transformers' own generation loop, which cannot replay a "
                              "trace: run it with engine=live")
+    if cfg.task.name == "switch":  # each task segment replays from its own task's trace
+        if cfg.task.shuffle:
+            raise OmniDraftError("engine=replay with task=switch needs task.shuffle=false: a shuffled component is "
+                                 "no slice of its task's trace; drop task.shuffle or run engine=live")
+        if cfg.replay.trace:
+            raise OmniDraftError(f"replay.trace={cfg.replay.trace} names one trace, and task=switch replays each "
+                                 "task from its own (<paths.results_dir>/traces/<target>/<task>): drop replay.trace")
+        if len(set(cfg.target_switch.targets or [])) > 1:
+            raise OmniDraftError("engine=replay runs task=switch or target_switch, not both in one stream: its "
+                                 "segments would need a trace per target and task; run engine=live")
 
 
 # the config groups whose overrides decide a calibration's models, dtypes and file

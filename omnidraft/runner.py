@@ -831,11 +831,18 @@ def train_stream_config(cfg: DictConfig) -> DictConfig:
     ``train_test.train_limit`` prompts) and its recorded overrides rewritten to match, so that the
     trace and the commands derived from it (:func:`omnidraft.trace.trace_command`) are the train
     stream's."""
+    tr = cfg.task.train
+    return task_slice_config(cfg, tr.task, int(tr.offset), int(cfg.train_test.train_limit))
+
+
+def task_slice_config(cfg: DictConfig, task: str | None, offset: int, limit: int) -> DictConfig:
+    """``cfg`` with its task node the prompts ``offset..offset+limit-1`` of ``task`` (None: the run's
+    own task; another task: its defaults), its recorded overrides rewritten to match, so that the
+    trace a replay of that slice reads, and the command that makes it, are the slice's."""
     t = to_plain(cfg.task)
-    tr, n = t["train"], int(cfg.train_test.train_limit)
-    same = tr["task"] in (None, t["name"])
-    node = dict(t) if same else to_plain(task_defaults(tr["task"]))
-    node.update(offset=int(tr["offset"]), limit=n, preset=None)
+    same = task in (None, t["name"])
+    node = dict(t) if same else to_plain(task_defaults(task))
+    node.update(offset=offset, limit=limit, preset=None)
     dropped = ("task.offset", "task.limit", "task.preset") if same else ("task", "task.")
 
     def key(o: str) -> str:
@@ -843,12 +850,23 @@ def train_stream_config(cfg: DictConfig) -> DictConfig:
 
     over = [o for o in command_overrides(cfg)
             if not (key(o) in dropped or (not same and key(o).startswith("task.")))]
-    over += ([] if same else [f"task={tr['task']}"]) + [f"task.offset={int(tr['offset'])}", f"task.limit={n}"]
+    over += ([] if same else [f"task={task}"]) + [f"task.offset={offset}", f"task.limit={limit}"]
     out = cfg.copy()
     with open_dict(out):
         out.task = OmegaConf.merge(OmegaConf.structured(TaskConfig), node)
         out.overrides = over
     return out
+
+
+def task_switch_segments(cfg: DictConfig, n: int) -> list[tuple[str, int, int, int]]:
+    """The task segments of a ``task=switch`` stream of ``n`` prompts: (component task, first stream
+    index, end index, the component's own index of the first prompt), so that each replays from its
+    task's trace (:func:`task_slice_config`); the stream unshuffled (:func:`check_replay_config`)."""
+    t = cfg.task
+    comps, off, at = [str(c) for c in t.components], int(t.offset), int(t.switch_at)
+    cut = min(max(at - off, 0), n)  # stream index of the first prompt of the second component
+    segs = [(comps[0], 0, cut, off), (comps[1], cut, n, max(off - at, 0))]
+    return [s for s in segs if s[2] > s[1]]
 
 
 def target_stream_config(cfg: DictConfig, name: str, start: int, end: int) -> DictConfig:
@@ -1052,6 +1070,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                         replays[name] = seg
                 replay = replays[sess.schedule[0][1]]
                 replay.info["replay/targets"] = {name: dict(r.info) for name, r in replays.items()}
+            elif cfg.task.name == "switch":  # each task segment from its own task's trace
+                for task, a, b, off in task_switch_segments(cfg, len(records)):
+                    seg = open_replay(task_slice_config(cfg, task, off, b - a), sess.target.tokenizer,
+                                      records[a:b], first[a:b], uses_model)
+                    if replay is None:
+                        replay, replay.info["replay/tasks"] = seg, {}
+                    else:
+                        replay.trajectories.update(seg.trajectories)
+                    replay.info["replay/tasks"][task] = {k: v for k, v in seg.info.items() if k.startswith("replay/trace")}
+                replay.info["replay/trace_lines"] = len(replay.trajectories)
+                replays[sess.target_name] = replay
             else:
                 replay = open_replay(cfg, sess.target.tokenizer, records, first, uses_model)
                 if train_test:

@@ -82,6 +82,42 @@ def test_train_test_replay_equals_live(live, tmp_path):
     assert "speed/speedup" not in s  # no ar baseline is decoded under replay
 
 
+def test_a_task_switch_replays_each_task_from_its_own_trace(tmp_path):
+    """``task=switch`` (GSM8K, then MBPP+HumanEval) under engine=replay: each task segment from its
+    task's own trace, the stream's offset carried into the right component; the same steps, outputs
+    and losses as the live stream. A missing trace names that task's command; a shuffled switch, a
+    single replay.trace and a target switch besides are refused before any model loads."""
+    sw = ["task=switch", "task.components=[gsm8k,mbpp_humaneval]", "task.switch_at=2", "task.offset=1",
+          "task.limit=3", "method.adapt.interval=2", "threads=1"]  # GSM8K 1, then MBPP+HumanEval 0 and 1
+    run(_cfg(tmp_path, "live", *sw, "measure_baseline=false"))
+
+    def trace(task: str, off: int, n: int) -> None:
+        run_trace(_cfg(tmp_path, f"trace_{task}", f"task={task}", f"task.offset={off}", f"task.limit={n}",
+                       config="trace"))
+
+    run_calibrate(_cfg(tmp_path, "cal", "calibrate.repeats=2", "calibrate.warmup=1", "calibrate.context_tokens=32",
+                       "threads=1", config="calibrate"))
+    trace("gsm8k", 1, 1)
+    with pytest.raises(OmniDraftError, match="omnidraft trace .*task=mbpp_humaneval task.offset=0 task.limit=2$"):
+        run(_cfg(tmp_path, "none", *sw, "engine=replay"))
+    trace("mbpp_humaneval", 0, 2)
+    s = run(_cfg(tmp_path, "replay", *sw, "engine=replay"))
+    a, b = _rows(tmp_path / "live"), _rows(tmp_path / "replay")
+    key = ("task", "prompt/id", "sd/step_proposed", "sd/step_accepted", "text/output")
+    assert [r["task"] for r in a] == ["gsm8k", "humaneval", "humaneval"]  # MBPP+HumanEval: HumanEval first
+    assert [tuple(r[k] for k in key) for r in a] == [tuple(r[k] for k in key) for r in b]
+    assert sum("adapt/loss" in r for r in a) == 1
+    for x, y in zip(a, b):
+        if "adapt/loss" in x:
+            assert y["adapt/loss"] == pytest.approx(x["adapt/loss"], rel=1e-4, abs=1e-6)
+    assert s["replay/trace_lines"] == 3 and set(s["replay/tasks"]) == {"gsm8k", "mbpp_humaneval"}
+    assert s["replay/tasks"]["mbpp_humaneval"]["replay/trace_lines"] == 2
+    for over, match in ((["task.shuffle=true"], "task.shuffle=false"), (["replay.trace=x"], "drop replay.trace"),
+                        (["target_switch.targets=[tiny_llama2,tiny_llama3]", "target_switch.at=[2]"], "not both")):
+        with pytest.raises(OmniDraftError, match=match):
+            run(_cfg(tmp_path, "bad", *sw, "engine=replay", *over))
+
+
 def test_a_replays_speed_is_modelled_again_under_another_machines_calibration(tmp_path):
     """Replay rows record each step's shape (drafter feeds, proposals), so `omnidraft tables
     --speed-machine` models their speed under another machine's calibration: under the run's own it
