@@ -59,6 +59,9 @@ def spec_of(name: str) -> dict[str, Any]:
     if name == "target_switch":  # a switching stream and its single-target controls: one column per schedule
         return {"title": "target switch (App. B.6; per-segment figures below)", "cols": "target_switch.targets",
                 "rows": [], "cells": []}
+    if name == "task_switch":  # a stream per order of the two tasks: one column each
+        return {"title": "task switch (App. B.6; per-segment figures below)", "cols": "task.components",
+                "rows": [], "cells": []}
     return paper_numbers()["tables"].get(TABLE_OF.get(name, name)) or {
         "title": f"{name} (no table in the paper)", "cols": "task", "rows": [], "cells": []}
 
@@ -381,9 +384,18 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
     return "\n".join(out)
 
 
+def _task_switch(run: Run) -> bool:
+    return run.get("task.name") == "switch"
+
+
 def _schedule(run: Run) -> list[tuple[str, int, int | None]]:
-    """A run's target segments (target, first prompt, last prompt or None = to the end), from
-    ``target_switch`` (one segment for a run without a switch)."""
+    """A run's segments (target, or task for a ``task=switch`` stream; first prompt, last prompt or
+    None = to the end), from ``target_switch`` or ``task.switch_at`` (one segment for a run without
+    a switch)."""
+    if _task_switch(run):
+        comps, at = [str(c) for c in run.get("task.components")[:2]], int(run.get("task.switch_at"))
+        off = int(run.get("task.offset") or 0)
+        return [(comps[0], off, at - 1), (comps[1], max(at, off), None)] if at > off else [(comps[1], off, None)]
     targets = [str(t) for t in (run.get("target_switch.targets") or [])] or [str(run.get("target.name"))]
     at = [int(a) for a in (run.get("target_switch.at") or [])]
     off = int(run.get("task.offset") or 0)
@@ -403,10 +415,20 @@ def _range_stats(rows: list[dict[str, Any]], first: int, last: int | None) -> di
     return cell_stats(Cell("", "", None, [], rs)) | {"first": min(idx), "last": max(idx)}
 
 
+def _same_prompts(rows: list[dict[str, Any]], like: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """:func:`_range_stats` of the ``rows`` whose prompts (task and id) are among ``like``'s."""
+    want = {(r.get("task"), r.get("prompt/id")) for r in like}
+    rs = [r for r in rows if (r.get("task"), r.get("prompt/id")) in want]
+    return _range_stats(rs, 0, None) if rs else None
+
+
 def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
-    """Each target segment of every target-switching stream among ``runs``, beside the same prompts of
-    a control stream that never switches (one target throughout, same row and seed), then each
-    schedule's segments pooled over its finished seeds beside their pooled controls.
+    """Each segment of every switching stream among ``runs`` beside the same prompts of a control,
+    then each schedule's segments pooled over its finished seeds beside their pooled controls. A
+    target switch's control is a stream that never switches (that target throughout, same row and
+    seed; the same prompt indices). A task switch's is the stream that starts on the segment's task
+    (the other order, same row and seed; matched by task and prompt id); a stream's first segment
+    has none.
 
     Returns:
         Dicts with ``run`` (label: row and seed, or ``pooled`` and the seeds; the first target when
@@ -423,6 +445,7 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
     if not switching:
         return []
     controls = {(r.row, r.seed, targets(r)[0]): r for r in runs if len(set(targets(r))) == 1}
+    controls.update({(r.row, r.seed, targets(r)[0], "task"): r for r in switching if _task_switch(r)})
     rows_of: dict[Path, list[dict[str, Any]]] = {}
 
     def rows(r: Run) -> list[dict[str, Any]]:
@@ -439,16 +462,30 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
             out.append({"run": run, "pooled": pooled, "segment": j, "target": tgt, "first": first, "last": last,
                         "stats": st, "control": cs, "no_control": no_ctl, "schedule": key})
 
+    def control(r: Run, j: int, tgt: str) -> Run | None:
+        if _task_switch(r):  # the other order's stream; a stream's first task has no control
+            c = controls.get((r.row, r.seed, tgt, "task"))
+            return None if j == 0 or c is r else c
+        return controls.get((r.row, r.seed, tgt))
+
+    def control_stats(ctl_rows: list[dict[str, Any]], own: list[dict[str, Any]], task: bool, first: int,
+                      last: int | None) -> dict[str, Any] | None:
+        if task:
+            return _same_prompts(ctl_rows, [x for x in own if first <= x["prompt/index"]
+                                            and (last is None or x["prompt/index"] <= last)])
+        return _range_stats(ctl_rows, first, last)
+
     pools: dict[tuple, list[Run]] = {}
     for r in switching:
         start = f" from {targets(r)[0]}" if len(starts) > 1 else ""
         key = (r.row, tuple(_schedule(r)))
         for j, (tgt, first, last) in enumerate(_schedule(r)):
-            ctl = controls.get((r.row, r.seed, tgt))
-            cs = _range_stats(rows(ctl), first, last) if ctl else None
+            ctl = control(r, j, tgt)
+            cs = control_stats(rows(ctl), rows(r), _task_switch(r), first, last) if ctl else None
             if cs is not None and ctl.status != "ok":
                 cs = {**cs, "status": ctl.status}
-            why = "no control run" if ctl is None else f"the control ({ctl.status}) did not reach these prompts"
+            why = ("the stream starts on it" if _task_switch(r) and j == 0 else "no control run" if ctl is None
+                   else f"the control ({ctl.status}) did not reach these prompts")
             add(f"{r.row} s{r.seed}{start}" + ("" if r.status == "ok" else f" ({r.status})"), False, j, tgt, first,
                 last, _range_stats(rows(r), first, last), cs, why, key)
         if r.status == "ok" and all(x.seed != r.seed for x in pools.get(key, [])):  # a seed once
@@ -458,14 +495,16 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
             continue
         key = (row, schedule)
         start = f" from {schedule[0][0]}" if len(starts) > 1 else ""
+        task = _task_switch(rs[0])
         for j, (tgt, first, last) in enumerate(schedule):
-            ctls = [controls.get((row, r.seed, tgt)) for r in rs]
+            ctls = [control(r, j, tgt) for r in rs]
             ok_ctls = all(c is not None and c.status == "ok" for c in ctls)
             missing = ", ".join(f"s{r.seed}" for r, c in zip(rs, ctls) if c is None or c.status != "ok")
+            own = [x for r in rs for x in rows(r)]
             add(f"{row} pooled s{','.join(str(r.seed) for r in sorted(rs, key=lambda r: r.seed))}{start}", True, j,
-                tgt, first, last, _range_stats([x for r in rs for x in rows(r)], first, last),
-                _range_stats([x for c in ctls for x in rows(c)], first, last) if ok_ctls else None,
-                f"no finished control for {missing}", key)
+                tgt, first, last, _range_stats(own, first, last),
+                control_stats([x for c in ctls for x in rows(c)], own, task, first, last) if ok_ctls else None,
+                "the stream starts on it" if task and j == 0 else f"no finished control for {missing}", key)
     return out
 
 
@@ -475,13 +514,21 @@ def render_segments(runs: list[Run]) -> list[str]:
     segs = switch_segments(runs)
     if not segs:
         return []
-    out = ["## Per target segment (target_switch), beside a control stream that never switches", "",
-           "Acceptance per segment [95% bootstrap over its prompts]; control: the same prompts decoded by a "
-           "stream with that target throughout (same row and seed); separated: the two intervals do not overlap. "
-           "Rows `pooled`: the same schedule's finished runs over their seeds, beside their controls (bootstrap "
-           "over prompts x seeds).",
-           "", "| run | segment | target | prompts | acceptance | control (same prompts) | separated |",
-           "|---|---|---|---|---|---|---|"]
+    task = any(_task_switch(r) for r in runs)
+    if task:
+        out = ["## Per task segment (task switch), beside the stream that starts on that task", "",
+               "Acceptance per segment [95% bootstrap over its prompts]; control: the same prompts (task and id) "
+               "decoded by the stream that starts on that task, the other order (same row and seed): a drafter "
+               "fresh on the task, where the segment's drafter adapted to the other task first; separated: the two "
+               "intervals do not overlap. "]
+    else:
+        out = ["## Per target segment (target_switch), beside a control stream that never switches", "",
+               "Acceptance per segment [95% bootstrap over its prompts]; control: the same prompts decoded by a "
+               "stream with that target throughout (same row and seed); separated: the two intervals do not overlap. "]
+    out[-1] += ("Rows `pooled`: the same schedule's finished runs over their seeds, beside their controls (bootstrap "
+                "over prompts x seeds).")
+    out += ["", f"| run | segment | {'task' if task else 'target'} | prompts | acceptance | control (same prompts) "
+            "| separated |", "|---|---|---|---|---|---|---|"]
     for g in segs:
         st, cs, first, last = g["stats"], g["control"], g["first"], g["last"]
         span = f"{st['first']}..{st['last']}" if st else f"{first}..{'' if last is None else last}"
@@ -763,7 +810,7 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
             ax.set_xlabel("train prompts"), ax.set_ylabel("n-gram cache entries"), ax.legend(fontsize=6, ncol=2)
             save(fig, "ngram_cache")
     segs = switch_segments(runs)
-    if segs:  # the target switch: each segment beside its target's control on the same prompts
+    if segs:  # a target or task switch: each segment beside its control on the same prompts
         pooled = {g["schedule"] for g in segs if g["pooled"]}  # seeds pooled where a schedule has several
         shown = [g for g in segs if g["pooled"] or g["schedule"] not in pooled]
         labels = list(dict.fromkeys(g["run"] for g in shown))
@@ -783,8 +830,8 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
             ax.set_xticks([g["segment"] + 1 for g in ticks],
                           [f"{g['target']}\n{g['first']}..{'' if g['last'] is None else g['last']}" for g in ticks],
                           fontsize=6)
-            ax.set_title(f"{lab}: filled = the switching stream, hollow = its target's control (same prompts)",
-                         fontsize=8)
+            whose = "the other order's stream" if any(_task_switch(r) for r in runs) else "its target's control"
+            ax.set_title(f"{lab}: filled = the switching stream, hollow = {whose} (same prompts)", fontsize=8)
             ax.set_ylabel("acceptance", fontsize=8)
         save(fig, "segments")
     lens = [(r, [n for x in test_rows(r) for n in (x.get("sd/step_proposed") or [])]) for r in ok]

@@ -24,6 +24,7 @@ from omnidraft.runner import check_config
 FROZEN_ROWS = {"spd_dm", "sd", "distillspec"}  # rows in which nothing learns online (conf/row)
 EXPERIMENTS = sorted(f"paper/{p.stem}" for p in (Path(CONF_DIR) / "experiment" / "paper").glob("*.yaml"))
 SCALES = ("paper", "cpu", "tiny")
+STREAMS = ("paper/target_switch", "paper/task_switch")  # the stream protocol: no train/test split
 
 
 def _jobs(*over: str) -> list[list[str]]:
@@ -47,7 +48,7 @@ def _sweep(tmp: Path, *args: str, timeout: int = 900) -> subprocess.CompletedPro
 def test_there_is_an_experiment_per_paper_table():
     have = {e.split("/")[1] for e in EXPERIMENTS}
     for table in ("table1", "table2", "table3", "table5", "table6", "table6_t1", "table12", "table14", "figure2",
-                  "target_switch"):
+                  "target_switch", "task_switch"):
         assert table in have
     assert set(paper_numbers()["tables"]) >= {"table1", "table2", "table3", "table5", "table6", "table12", "table14"}
 
@@ -60,13 +61,16 @@ def test_every_experiment_composes_and_checks_at_every_scale(experiment, scale):
     for job in jobs:
         cfg = _compose(job)
         check_config(cfg)
-        assert cfg.protocol == ("stream" if experiment == "paper/target_switch" else "train_test")
+        assert cfg.protocol == ("stream" if experiment in STREAMS else "train_test")
+        if experiment == "paper/task_switch" and scale != "tiny":  # both orders of the two tasks
+            assert cfg.task.name == "switch" and cfg.task.limit == 2 * cfg.task.switch_at
+            assert sorted(cfg.task.components) == ["gsm8k", "mbpp_humaneval"]
         if experiment == "paper/target_switch":  # a named schedule, from the run's own target
             ts = cfg.target_switch
             assert ts.targets[0] == cfg.target.name and len(ts.targets) == len(ts.at) + 1 >= 3
             assert len(set(ts.targets)) == (2 if ts.schedule == "back_and_forth" else 1), list(ts.targets)
         if scale == "paper":
-            assert (cfg.task.preset == "paper" or experiment == "paper/target_switch") and cfg.method.temperature > 0
+            assert (cfg.task.preset == "paper" or experiment in STREAMS) and cfg.method.temperature > 0
             assert cfg.target.source == "hub" and cfg.drafter.source == "hub"  # the paper's models, by hub id
         if scale == "cpu":
             assert cfg.target.source == "gguf_package" and cfg.drafter.source == "gguf_package"
@@ -128,6 +132,9 @@ def test_every_experiment_runs_as_a_tiny_multirun(smoke):
                 want = [t, other, t] if r.get("target_switch.schedule") == "back_and_forth" else [t]
                 assert [b["target"] for b in s["by_target"]] == want, r.path
                 assert r.get("target_switch.targets") == (want if len(want) == 3 else [t, t, t])
+                continue
+            if exp == "paper/task_switch":  # scale=tiny fixes task=synthetic: the sweep runs, not the switch
+                assert s["protocol"] == "stream" and s["n_prompts"] == 4
                 continue
             assert s["protocol"] == "train_test" and s["n_test"] == 2
             # a frozen row (nothing learns) skips the train stream, which cannot change its test figures
@@ -364,6 +371,45 @@ def test_each_switch_segment_sits_beside_a_control_stream_on_the_same_prompts(tm
     # the control is its own column of the table, not pooled with the switching run
     cells = json.loads((tmp_path / "target_switch.json").read_text())["cells"]
     assert [(c["target"], c["col"]) for c in cells] == [("A", "–")]
+
+
+def _fake_task_run(d: Path, comps: list[str], at: int, accepted: list[int], seed: int = 0) -> None:
+    """A stream run directory of experiment paper/task_switch: ``comps[0]``'s prompts 0..at-1, then
+    ``comps[1]``'s from 0 (rows carry their task and prompt id)."""
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(f"seed: {seed}\ntarget: {{name: T}}\ntask: {{name: switch, offset: 0, "
+                                   f"components: [{', '.join(comps)}], switch_at: {at}}}\n"
+                                   "method: {name: omnidraft, temperature: 0.0}\ntarget_switch: {targets: [], at: []}\n")
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "target": "T", "task": "switch", "protocol": "stream",
+                                                "n_prompts": len(accepted),
+                                                "choices": {"experiment": "paper/task_switch", "row": "hybrid"}}))
+    rows = [{"prompt/index": i, "task": comps[i >= at], "prompt/id": str(i if i < at else i - at), "target": "T",
+             "sd/accepted": a, "sd/proposed": 10, "sd/new_tokens": a + 2, "sd/steps": 2} for i, a in enumerate(accepted)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_each_task_switch_segment_sits_beside_the_other_orders_stream_on_the_same_prompts(tmp_path):
+    """GSM8K then MBPP+HumanEval, and the other order: each stream's second task beside the same
+    prompts (task and id) in the stream that starts on it; a first segment has no control; pooled
+    over two seeds."""
+    for seed, (ab, ba) in enumerate((([5, 5, 1, 3], [7, 7, 2, 2]), ([5, 5, 3, 3], [9, 9, 2, 4]))):
+        _fake_task_run(tmp_path / f"ab{seed}", ["gsm8k", "mbpp_humaneval"], 2, ab, seed=seed)
+        _fake_task_run(tmp_path / f"ba{seed}", ["mbpp_humaneval", "gsm8k"], 2, ba, seed=seed)
+    files = {p.name for p in write_paper_tables(tmp_path)}
+    assert {"task_switch.md", "task_switch_segments.png"} <= files
+    md = (tmp_path / "task_switch.md").read_text()
+    assert "## Per task segment (task switch)" in md and "| run | segment | task |" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| hybrid s0 from gsm8k |")]
+    assert len(rows) == 2
+    assert "| 1 | gsm8k | 0..1 | 0.500" in rows[0] and "the stream starts on it" in rows[0]
+    # MBPP+HumanEval after GSM8K, (1 + 3) / 20, beside its first two prompts fresh: (7 + 7) / 20
+    assert "| 2 | mbpp_humaneval | 2..3 | 0.200" in rows[1] and "0.700" in rows[1] and "(0..1)" in rows[1]
+    back = next(ln for ln in md.splitlines() if ln.startswith("| hybrid s0 from mbpp_humaneval | 2 |"))
+    assert "| gsm8k | 2..3 | 0.200" in back and "0.500" in back
+    pooled = next(ln for ln in md.splitlines() if ln.startswith("| hybrid pooled s0,1 from gsm8k | 2 |"))
+    assert "| 0.250" in pooled and "0.800" in pooled  # (1+3+3+3) / 40 beside (7+7+9+9) / 40
+    cells = json.loads((tmp_path / "task_switch.json").read_text())["cells"]
+    assert len(cells) == 2  # one column per order
 
 
 def test_the_rolling_curves_of_figure2_are_the_cells_formulas_over_each_window():
