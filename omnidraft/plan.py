@@ -278,5 +278,8 @@ def render(jobs: list[Job], command: str) -> str:
     if cmds:
         out += ["## Left, one command per job", "",
                 "Jobs that complete a cell (more of its seeds done) first, then the cheapest; each runs one job of "
-                "the sweep above, so the list can be split across cores or sessions.", "", "```bash", *cmds, "```", ""]
+                "the sweep above, so the list can be split across cores or sessions."
+                + (" XSum jobs read a local copy (no registry ships XSum): set `OMNIDRAFT_XSUM=<its JSONL>` or add "
+                   "`paths.xsum=<its JSONL>`." if any(" task=xsum" in c for c in cmds) else ""),
+                "", "```bash", *cmds, "```", ""]
     return "\n".join(out)

@@ -646,6 +646,10 @@ def test_plan_lists_a_command_per_job_left_completing_cells_first(tmp_path):
     assert cmds[-1].endswith("# ? core-min, to run") and "failed" in cmds[3]
     assert "## Left, one command per job" in render(jobs, "omnidraft -m x") and "```bash" in render(jobs, "x")
     assert "## Left" not in render([job("a", 0, "done")], "x")
+    assert "OMNIDRAFT_XSUM" not in render(jobs, "x")
+    xsum = Job(["experiment=paper/table1", "scale=cpu", "task=xsum", "seed=1"], tmp_path / "x", "x", "hybrid", "xsum",
+               True, "t", status="to run", seconds=60.0)
+    assert "set `OMNIDRAFT_XSUM=<its JSONL>` or add `paths.xsum=<its JSONL>`" in render([xsum], "x")
 
 
 def test_plan_costs_a_job_from_runs_on_its_engine_scaled_to_its_own_prompts(tmp_path):
