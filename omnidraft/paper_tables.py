@@ -746,7 +746,7 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - matplotlib is a dependency
+    except ImportError as e:  # pragma: no cover - matplotlib is a dependency (pyproject)
         raise OmniDraftError(f"plots need matplotlib ({e}): pip install matplotlib") from e
     ok = [r for r in runs if r.status == "ok"]
     written: list[Path] = []
