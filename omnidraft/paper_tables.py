@@ -916,11 +916,26 @@ def _prompts_line(provenance: dict[str, Any]) -> str:
     return "; ".join(parts) or "train prompts ?, test prompts ?"
 
 
+def sweep_dir(run_dir: Path, root: Path) -> Path:
+    """The sweep directory a run belongs to: its nearest parent up to ``root`` that holds Hydra's
+    ``multirun.yaml``, else ``root`` (``root`` itself when it is the run's directory)."""
+    if run_dir == root:
+        return root
+    for d in run_dir.parents:
+        if (d / "multirun.yaml").is_file():
+            return d
+        if d == root:
+            break
+    return root
+
+
 def write_paper_tables(root: Path, plots: bool = True, speed_machine: str | None = None) -> list[Path]:
     """Every paper experiment's table (Markdown, LaTeX, JSON of the cells) and plots for the runs
-    under ``root``, written into ``root`` (one set per experiment found); with ``speed_machine``,
-    replays' speedups modelled under that machine's calibrations (:func:`remodel_speed`). An
-    ``overview.md`` one or two directories up (:func:`write_overview`) is written again.
+    under ``root``, one set per experiment and sweep directory (:func:`sweep_dir`: a results
+    directory's sweeps each get their own, never one table mixing scales), written into that sweep
+    directory; with ``speed_machine``, replays' speedups modelled under that machine's calibrations
+    (:func:`remodel_speed`). An ``overview.md`` in ``root`` or one or two directories up
+    (:func:`write_overview`) is written again.
 
     Raises:
         OmniDraftError: ``root`` is not a directory, or holds no run of a paper experiment.
@@ -929,18 +944,18 @@ def write_paper_tables(root: Path, plots: bool = True, speed_machine: str | None
         raise OmniDraftError(f"{root}: not a directory; pass a sweep directory (results/paper/<table>/<scale>) "
                              "or a results directory")
     runs = read_runs(root)
-    by_exp: dict[str, list[Run]] = {}
+    by_exp: dict[tuple[str, Path], list[Run]] = {}  # (experiment, its sweep directory): one table each
     for r in runs:
         exp = r.experiment or ""
         if exp.startswith("paper/"):
-            by_exp.setdefault(exp.split("/", 1)[1], []).append(r)
+            by_exp.setdefault((exp.split("/", 1)[1], sweep_dir(r.path, root)), []).append(r)
     if not by_exp:
         if runs:  # another sweep: one line per run
             return write_sweep_table(root, runs)
         raise OmniDraftError(f"{root}: no run of a paper experiment (experiment=paper/<table>) under it; "
                              "run `omnidraft -m experiment=paper/table1 scale=cpu` first")
     written: list[Path] = []
-    for name, rs in sorted(by_exp.items()):
+    for (name, out), rs in sorted(by_exp.items()):
         spec = spec_of(name)
         cells = cells_of(rs, spec, speed_machine)
         stats = {k: cell_stats(c) for k, c in cells.items()}
@@ -948,19 +963,19 @@ def write_paper_tables(root: Path, plots: bool = True, speed_machine: str | None
         prov = _provenance(rs)
         if speed_machine:
             prov["speed_machine"] = speed_machine
-        md = root / f"{name}.md"
+        md = out / f"{name}.md"
         md.write_text(render_markdown(name, spec, cells, stats, failed, prov, rs), encoding="utf-8")
-        tex = root / f"{name}.tex"
+        tex = out / f"{name}.tex"
         tex.write_text(render_latex(name, spec, cells, stats), encoding="utf-8")
-        js = root / f"{name}.json"
+        js = out / f"{name}.json"
         js.write_text(json.dumps({"experiment": f"paper/{name}", "provenance": prov,
                                   "cells": [{"target": k[0], "row": k[1], "col": k[2], **v} for k, v in stats.items()],
                                   "failed": [{"run": str(f.path), "status": f.status, "error": f.error} for f in failed]},
                                  indent=1, default=str), encoding="utf-8")
         written += [md, tex, js]
         if plots:
-            written += plot_runs(name, rs, root, spec, stats)
-    for up in (root.parent, root.parent.parent):  # results/paper/<table>/<scale>: keep results/paper's overview true
+            written += plot_runs(name, rs, out, spec, stats)
+    for up in (root, root.parent, root.parent.parent):  # results/paper/<table>/<scale>: keep results/paper's overview true
         if (up / OVERVIEW).is_file():
             written.append(write_overview(up))
             break

@@ -579,6 +579,30 @@ def test_a_named_schedule_refuses_an_explicit_list_beside_it_and_a_target_withou
                                       "target_switch.targets=[tiny_qwen2,tiny_llama3,tiny_qwen2]"]))
 
 
+def test_tables_of_a_results_directory_are_written_per_sweep_never_mixing_scales(tmp_path):
+    """`omnidraft tables results/paper`: each sweep directory (Hydra's multirun.yaml) gets its own
+    table of its own runs; a run directory alone gets its own, its sweep's left as it was."""
+    import shutil
+
+    fixture = Path(__file__).parent / "fixtures" / "paper_sweep" / "table5" / "tiny"
+    for scale in ("tiny", "cpu"):
+        shutil.copytree(fixture, tmp_path / "paper" / "table5" / scale)
+        (tmp_path / "paper" / "table5" / scale / "multirun.yaml").write_text("{}\n")
+    cpu = tmp_path / "paper" / "table5" / "cpu"
+    for run in [d for d in cpu.iterdir() if d.is_dir() and "k=4" in d.name]:
+        shutil.rmtree(run)  # the cpu sweep: k=3 only
+    written = write_paper_tables(tmp_path / "paper", plots=False)
+    assert sorted(str(f.relative_to(tmp_path)) for f in written) == sorted(
+        f"paper/table5/{sc}/table5.{ext}" for sc in ("cpu", "tiny") for ext in ("md", "tex", "json"))
+    cells = {sc: json.loads((tmp_path / "paper" / "table5" / sc / "table5.json").read_text())["cells"]
+             for sc in ("cpu", "tiny")}
+    assert len(cells["tiny"]) == 4 and len(cells["cpu"]) == 2  # each of its own runs
+    before = (cpu / "table5.md").read_text()
+    one = next(d for d in cpu.iterdir() if d.is_dir())
+    (f, *_) = write_paper_tables(one, plots=False)
+    assert f.parent == one and (cpu / "table5.md").read_text() == before
+
+
 def test_tables_of_any_other_sweep_list_each_run_by_its_own_overrides(tmp_path):
     """`omnidraft tables DIR` on a sweep that is no paper experiment: sweep.md, one line per run,
     labelled by the overrides that differ, with acceptance and tokens per step from its rows."""
