@@ -90,7 +90,11 @@ def test_cpu_scale_maps_each_table_to_its_registry_pair():
     assert all(c.method.temperature == 1.0 and c.engine == "live" and c.method.verify == "paper" for c in t6)
     ranks = {_compose(j).method.adapt.lora_rank for j in _jobs("experiment=paper/table12", "scale=cpu")}
     assert ranks == {8, 32, 128}
-    assert len(_jobs("experiment=paper/table1", "scale=paper")) == 2 * 4 * 6  # targets x tasks x rows (seed: one)
+    paper = _jobs("experiment=paper/table1", "scale=paper")  # targets x tasks x rows at seed 0, then seeds 1, 2
+    assert len(paper) == 2 * 4 * 6 + 2  # the later seeds on the first job only: checked, not multiplied
+    assert [[o for o in j if o.startswith("seed=")] for j in (paper[0], *paper[-2:])] == [["seed=0"], ["seed=1"], ["seed=2"]]
+    assert [[o for o in j if not o.startswith("seed=")] for j in paper[-2:]] == \
+        [[o for o in paper[0] if not o.startswith("seed=")]] * 2
 
 
 def test_a_bad_override_fails_in_one_line_before_any_job(tmp_path):
