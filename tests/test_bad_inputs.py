@@ -135,8 +135,8 @@ CONFIG_CASES = [
     ("exec_timeout_zero", ["task.exec_timeout_s=0"], ["task.exec_timeout_s=0"]),
     ("method_unknown", ["method=nope"], ["method/nope"]),
     ("target_unknown", ["target=nope"], ["target/nope"]),
-    ("sweep_bad_value", ["-m", "method.k=1,abc"], ["method.k=abc"]),
-    ("sweep_bad_group", ["-m", "method=nope,omnidraft"], ["method/nope"]),
+    ("sweep_bad_value", ["method.k=1,abc", "-m"], ["method.k=abc"]),  # the flag after every override, as Hydra needs
+    ("sweep_bad_group", ["method=nope,omnidraft", "-m"], ["method/nope"]),
     ("length_policy_unknown", ["method.draft_length.policy=bogus"], ["policy='bogus'", "fixed"]),
     ("replay_with_sampling", ["engine=replay", "method.temperature=0.7"], ["engine=replay", "method.temperature=0"]),
     ("device_not_a_device", ["target.device=tpu"], ["target.device='tpu'", "auto, cpu, cuda"]),
