@@ -109,12 +109,11 @@ def _check_not_a_sweep(args: list[str], compose, config_name: str) -> None:
     another setting."""
     from omnidraft.errors import OmniDraftError
 
-    if not any(a.split("=")[0].lstrip("+~") == "experiment" for a in args):
+    exp = next((a.split("=", 1)[1] for a in args if "=" in a and a.split("=")[0].lstrip("+~") == "experiment"), None)
+    if exp is None:
         return
-    hcfg = compose(config_name, overrides=args, return_hydra_config=True)
-    params = dict(hcfg.hydra.sweeper.get("params") or {})
+    params = dict(compose(config_name, overrides=args, return_hydra_config=True).hydra.sweeper.get("params") or {})
     if params:
-        exp = next(a for a in args if a.split("=")[0].lstrip("+~") == "experiment").split("=", 1)[1]
         raise OmniDraftError(f"experiment={exp} is a sweep: its settings ({', '.join(params)}) apply only in a "
                              f"multirun; add -m (one job: omnidraft -m {' '.join(args)} row=<row> seed=<seed>)")
 

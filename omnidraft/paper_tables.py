@@ -404,11 +404,16 @@ def _schedule(run: Run) -> list[tuple[str, int, int | None]]:
     return list(zip(targets, starts, ends))
 
 
+def _rows_in(rows: list[dict[str, Any]], first: int, last: int | None) -> list[dict[str, Any]]:
+    """The rows of prompts first..last (None: to the end)."""
+    return [r for r in rows if r.get("prompt/index") is not None and first <= r["prompt/index"]
+            and (last is None or r["prompt/index"] <= last)]
+
+
 def _range_stats(rows: list[dict[str, Any]], first: int, last: int | None) -> dict[str, Any] | None:
     """Acceptance (95% bootstrap over the prompts) of the rows of prompts first..last; ``rows`` may
     pool several runs (seeds), the bootstrap then over prompts x seeds."""
-    rs = [r for r in rows if r.get("prompt/index") is not None and first <= r["prompt/index"]
-          and (last is None or r["prompt/index"] <= last)]
+    rs = _rows_in(rows, first, last)
     if not rs:
         return None
     idx = [r["prompt/index"] for r in rs]
@@ -445,7 +450,7 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
     if not switching:
         return []
     controls = {(r.row, r.seed, targets(r)[0]): r for r in runs if len(set(targets(r))) == 1}
-    controls.update({(r.row, r.seed, targets(r)[0], "task"): r for r in switching if _task_switch(r)})
+    starts_on = {(r.row, r.seed, targets(r)[0]): r for r in switching if _task_switch(r)}  # task switches
     rows_of: dict[Path, list[dict[str, Any]]] = {}
 
     def rows(r: Run) -> list[dict[str, Any]]:
@@ -464,16 +469,13 @@ def switch_segments(runs: list[Run]) -> list[dict[str, Any]]:
 
     def control(r: Run, j: int, tgt: str) -> Run | None:
         if _task_switch(r):  # the other order's stream; a stream's first task has no control
-            c = controls.get((r.row, r.seed, tgt, "task"))
+            c = starts_on.get((r.row, r.seed, tgt))
             return None if j == 0 or c is r else c
         return controls.get((r.row, r.seed, tgt))
 
     def control_stats(ctl_rows: list[dict[str, Any]], own: list[dict[str, Any]], task: bool, first: int,
                       last: int | None) -> dict[str, Any] | None:
-        if task:
-            return _same_prompts(ctl_rows, [x for x in own if first <= x["prompt/index"]
-                                            and (last is None or x["prompt/index"] <= last)])
-        return _range_stats(ctl_rows, first, last)
+        return _same_prompts(ctl_rows, _rows_in(own, first, last)) if task else _range_stats(ctl_rows, first, last)
 
     pools: dict[tuple, list[Run]] = {}
     for r in switching:

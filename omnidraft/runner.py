@@ -1074,8 +1074,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 for task, a, b, off in task_switch_segments(cfg, len(records)):
                     seg = open_replay(task_slice_config(cfg, task, off, b - a), sess.target.tokenizer,
                                       records[a:b], first[a:b], uses_model)
-                    if replay is None:
-                        replay, replay.info["replay/tasks"] = seg, {}
+                    if replay is None:  # the first task's trace and calibration; the others add their lines
+                        replay = seg
+                        replay.info["replay/tasks"] = {}
                     else:
                         replay.trajectories.update(seg.trajectories)
                     replay.info["replay/tasks"][task] = {k: v for k, v in seg.info.items() if k.startswith("replay/trace")}
