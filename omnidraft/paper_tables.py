@@ -1086,6 +1086,7 @@ def render_overview(root: Path, seeds: int = 3) -> str:
     n_why = 0
     reversed_lines: dict[str, list[str]] = {"reversed": [], "reversed_ci_overlap": []}
     left: dict[str, dict[str, float]] = {}  # scale -> job name -> core-seconds (a cell two tables share, once)
+    spent: dict[str, dict[str, float]] = {}  # the same for finished jobs, as measured (a copied cell costs 0)
     for f, d in found:
         name = f.stem
         plan_file = root / "plans" / f"{name}_{f.parent.name}.json"
@@ -1097,6 +1098,10 @@ def render_overview(root: Path, seeds: int = 3) -> str:
         if plan:
             todo = [j for j in plan["jobs"] if j["status"] in ("to run", "partial", "failed")]
             left.setdefault(f.parent.name, {}).update({j["name"]: j["core_s"] or 0.0 for j in todo})
+            done = spent.setdefault(f.parent.name, {})
+            for j in plan["jobs"]:
+                if j["status"] == "done":
+                    done[j["name"]] = max(done.get(j["name"], 0.0), j["core_s"] or 0.0)
             plan_text = f"~{plan['totals']['left_core_hours']:.1f} core-h, {len(todo)} jobs"
         else:
             plan_text = "no plan"
@@ -1139,6 +1144,13 @@ def render_overview(root: Path, seeds: int = 3) -> str:
         out += ["", "Left by the plans (`omnidraft plan experiment=paper/<table> scale=<scale> seed=0,1,2 "
                 "--out=<this dir>/plans/<table>_<scale>.md`, as last written; a job two tables share counted once): "
                 + "; ".join(f"{sc}: ~{sum(v.values()) / 3600:.1f} core-hours, {len(v)} jobs" for sc, v in sorted(left.items()))
+                + "."]
+        out += ["", "Spent by the finished jobs, as their rows measured them on the machines that ran them (one "
+                "thread each; a copied cell costs nothing; the target traces the replays read are not counted), "
+                "and the whole set with what is left: "
+                + "; ".join(f"{sc}: ~{sum(spent.get(sc, {}).values()) / 3600:.1f} core-hours spent in "
+                            f"{len(spent.get(sc, {}))} jobs, ~{(sum(spent.get(sc, {}).values()) + sum(v.values())) / 3600:.1f} "
+                            "in all" for sc, v in sorted(left.items()))
                 + "."]
     n_rev = sum(len(v) for v in reversed_lines.values())
     out += ["", f"Reversed pairs: {n_rev}, {n_why} with a reason (hand-written in `{REASONS}` beside this file: "

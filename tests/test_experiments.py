@@ -746,7 +746,9 @@ def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_p
             {"name": "row=l_dm,seed=0", "status": "done", "core_s": 900.0},
             {"name": "row=hybrid,seed=1", "status": "failed", "core_s": 600.0}]
     (tmp_path / "plans" / "table1_cpu.json").write_text(json.dumps({"jobs": jobs, "totals": {"left_core_hours": 0.5}}))
-    shared = [jobs[0], {"name": "row=spd_dm,seed=0", "status": "to run", "core_s": 1800.0}]  # one job is table1's too
+    shared = [jobs[0], {"name": "row=spd_dm,seed=0", "status": "to run", "core_s": 1800.0},  # one job is table1's too
+              {"name": "row=l_dm,seed=0", "status": "done", "core_s": 0.0},  # table1's cell, copied: costs nothing
+              {"name": "row=hybrid,seed=0", "status": "done", "core_s": 2700.0}]
     (tmp_path / "plans" / "table3_cpu.json").write_text(json.dumps({"jobs": shared, "totals": {"left_core_hours": 0.8}}))
     run = tmp_path / "table1" / "cpu" / "some_run"
     run.mkdir()
@@ -757,6 +759,7 @@ def test_the_overview_counts_each_tables_seeds_and_pairs_against_the_paper(tmp_p
     assert ("| table3 (cpu) | [table3/cpu/table3.md](table3/cpu/table3.md) | 2 | 1/1 | 3 | – (no pair both report) | 0 | "
             "~0.8 core-h, 2 jobs |") in text
     assert "cpu: ~1.0 core-hours, 3 jobs." in text  # the shared job once
+    assert "cpu: ~1.0 core-hours spent in 2 jobs, ~2.0 in all." in text  # 900 + 2700 s done, the copy once at its cost
     assert "Trained cells at 3 seeds, all tables: 2 of 3 " in text
     assert text.index("table1 (cpu)") < text.index("table3 (cpu)") and "summary" not in text.split("## Reversed")[0]
     rev = text.split("## Reversed with separated intervals")[1]
