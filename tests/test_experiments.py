@@ -75,7 +75,10 @@ def test_every_experiment_composes_and_checks_at_every_scale(experiment, scale):
         if scale == "cpu":
             assert cfg.target.source == "gguf_package" and cfg.drafter.source == "gguf_package"
         if scale == "tiny":
-            assert cfg.target.source == "tiny" and cfg.task.name == "synthetic"
+            assert cfg.target.source == "tiny" and cfg.drafter.source == "tiny" and cfg.task.name == "synthetic"
+            # cross-vocabulary as the paper's tables are (a Llama-2 tokenizer drafting for a Qwen2 one);
+            # Table 2 is the paper's same-vocabulary table
+            assert (cfg.drafter.name == cfg.target.name) == (experiment == "paper/table2"), experiment
 
 
 def test_cpu_scale_maps_each_table_to_its_registry_pair():
@@ -129,6 +132,8 @@ def test_every_experiment_runs_as_a_tiny_multirun(smoke):
         for r in runs:
             s = r.summary
             assert s["choices"]["experiment"] == exp and s["choices"]["scale"] == "tiny"
+            # cross-vocab (the direct map covers part of the target's vocabulary), Table 2 one tokenizer
+            assert (s["drafter"] == s["target"]) == (exp == "paper/table2"), (exp, s["drafter"], s["target"])
             if exp == "paper/target_switch":  # per target: a stream to the other tokenizer's target and back,
                 # and the control that stays on it (one segment)
                 t = s["target"]
@@ -165,7 +170,7 @@ def test_tables_of_a_sweep_in_the_paper_layout(smoke):
     write_paper_tables(d, plots=False)
     md = (d / "target_switch.md").read_text()
     # the switching stream's segments beside its first target's control, which the sweep ran too
-    # (scale=tiny fixes target=tiny_qwen2: the Llama-3 target has no control there)
+    # (the tiny sweep runs from target=tiny_qwen2 only: the Llama-3 target has no control there)
     seg = [ln for ln in md.splitlines() if ln.startswith("| hybrid s0 |")]
     assert len(seg) == 3, md
     assert seg[0].startswith("| hybrid s0 | 1 | tiny_qwen2 | 0..1 |") and "(0..1) |" in seg[0]
@@ -296,7 +301,7 @@ def test_frozen_greedy_cells_run_at_seed_0_only(tmp_path):
                   f"paths.results_dir={tmp_path}/results")
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = tmp_path / "results" / "paper" / "table1" / "tiny"
-    assert (d / "drafter=tiny_qwen2,row=hybrid,seed=1,target=tiny_qwen2,task=synthetic").is_dir()
+    assert (d / "drafter=tiny_llama2,row=hybrid,seed=1,target=tiny_qwen2,task=synthetic").is_dir()
     runs = {(r.row, r.seed) for r in read_runs(d) if r.status == "ok"}
     assert runs == {("spd_dm", 0), ("hybrid", 0), ("hybrid", 1)}
     assert "seed-independent" in proc.stderr
