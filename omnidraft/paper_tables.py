@@ -1047,7 +1047,8 @@ def _reason_for(reasons: list[dict[str, Any]], name: str, group: dict[str, Any],
 def render_overview(root: Path, seeds: int = 3) -> str:
     """Every paper table under ``root`` at a glance, from the JSON files ``omnidraft tables <sweep
     dir>`` writes (``<dir>/<experiment>.json``): its cells, how many of the cells that train have
-    ``seeds`` seeds, and its row pairs against the paper's by verdict (:func:`ordering_groups`),
+    ``seeds`` seeds, and its row pairs against the paper's by verdict (:func:`ordering_groups`); the
+    core-hours the plans (``<root>/plans/<table>_<scale>.json``) leave and their finished jobs spent;
     then each reversed pair (intervals separated, then overlapping) with its reason from
     ``<root>/reasons.yaml`` (:func:`read_reasons`) or a note that it has none, and the reasons that
     match no reversed pair any more.
