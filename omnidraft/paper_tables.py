@@ -1146,12 +1146,12 @@ def render_overview(root: Path, seeds: int = 3) -> str:
                 "--out=<this dir>/plans/<table>_<scale>.md`, as last written; a job two tables share counted once): "
                 + "; ".join(f"{sc}: ~{sum(v.values()) / 3600:.1f} core-hours, {len(v)} jobs" for sc, v in sorted(left.items()))
                 + "."]
+        cost = {sc: (sum(spent[sc].values()) / 3600, len(spent[sc]), sum(v.values()) / 3600) for sc, v in left.items()}
         out += ["", "Spent by the finished jobs, as their rows measured them on the machines that ran them (one "
                 "thread each; a copied cell costs nothing; the target traces the replays read are not counted), "
                 "and the whole set with what is left: "
-                + "; ".join(f"{sc}: ~{sum(spent.get(sc, {}).values()) / 3600:.1f} core-hours spent in "
-                            f"{len(spent.get(sc, {}))} jobs, ~{(sum(spent.get(sc, {}).values()) + sum(v.values())) / 3600:.1f} "
-                            "in all" for sc, v in sorted(left.items()))
+                + "; ".join(f"{sc}: ~{h:.1f} core-hours spent in {n} jobs, ~{h + h_left:.1f} in all"
+                            for sc, (h, n, h_left) in sorted(cost.items()))
                 + "."]
     n_rev = sum(len(v) for v in reversed_lines.values())
     out += ["", f"Reversed pairs: {n_rev}, {n_why} with a reason (hand-written in `{REASONS}` beside this file: "
