@@ -347,8 +347,9 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
             f"{_prompts_line(provenance)}.", ""]
     if provenance.get("speed_machine"):
         out += [f"Speedups of replays are modelled with {provenance['speed_machine']}'s latency calibrations "
-                "(`omnidraft tables DIR --speed-machine`), from the step shapes each row records; runs whose rows "
-                "predate step shapes keep their own machine's.", ""]
+                f"(`omnidraft tables DIR --speed-machine={provenance['speed_machine']}`), from the step shapes each "
+                "row records, so speedups compare across cells run on different machines; runs whose rows predate "
+                "step shapes, and target-switch streams, keep their own machine's (marked where it differs).", ""]
     machines = sorted({m for st in stats.values() if st for m in st.get("calibration") or []})
     tag = {m: f" ({chr(ord('a') + i)})" for i, m in enumerate(machines)} if len(machines) > 1 else {}
     if tag:
