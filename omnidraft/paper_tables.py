@@ -92,13 +92,16 @@ class Run:
 
 @dataclass
 class Cell:
-    """The runs of one table cell (one per seed) and its pooled test rows."""
+    """The runs of one table cell (one per seed), its pooled test rows (the last evaluation's) and,
+    where its runs evaluated the test set more than once (Figure 2), each evaluation's pooled rows
+    keyed by ``eval/at`` (train prompts seen)."""
 
     target: str
     row: str
     col: Any
     runs: list[Run] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    evals: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def seeds(self) -> list[int]:
@@ -150,11 +153,17 @@ def test_rows(run: Run) -> list[dict[str, Any]]:
     """The rows of a run's last evaluation on the test prompts (protocol=train_test); a stream run's
     rows as they are."""
     rows = read_rows(run.path)
-    test = [r for r in rows if r.get("phase") == "test"]
-    if not test:
-        return [r for r in rows if r.get("phase", "train") == "train"]
-    last = max(r["eval/at"] for r in test)
-    return [r for r in test if r["eval/at"] == last]
+    evals = _evals(rows)
+    return evals[max(evals)] if evals else [r for r in rows if r.get("phase", "train") == "train"]
+
+
+def _evals(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """A train_test run's test rows per evaluation, keyed by ``eval/at`` (train prompts seen before it)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("phase") == "test":
+            out.setdefault(int(r["eval/at"]), []).append(r)
+    return out
 
 
 def col_value(run: Run, key: str) -> Any:
@@ -181,10 +190,14 @@ def cells_of(runs: list[Run], spec: dict[str, Any], speed_machine: str | None = 
                col_value(run, spec["cols"]))
         cell = cells.setdefault(key, Cell(*key))
         cell.runs.append(run)
-        rows = test_rows(run)
+        rows = read_rows(run.path)
+        evals = _evals(rows) or {-1: [r for r in rows if r.get("phase", "train") == "train"]}  # -1: a stream's rows
         if speed_machine:
-            rows = remodel_speed(run, rows, speed_machine)
-        cell.rows.extend({**r, "_seed": run.seed} for r in rows)
+            evals = {at: remodel_speed(run, rs, speed_machine) for at, rs in evals.items()}
+        cell.rows.extend({**r, "_seed": run.seed} for r in evals[max(evals)])
+        if len(evals) > 1:
+            for at, rs in evals.items():
+                cell.evals.setdefault(at, []).extend({**r, "_seed": run.seed} for r in rs)
     return cells
 
 
@@ -261,7 +274,9 @@ def cell_stats(cell: Cell, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, 
 
     Returns:
         ``acc``, ``acc_ci``, ``speedup``, ``speedup_ci`` (None without a speed model), ``n`` (rows),
-        ``seeds``, ``seed_independent``, ``ngram_hits_per_step``, ``ngram_size`` (mean over seeds).
+        ``seeds``, ``seed_independent``, ``ngram_hits_per_step``, ``ngram_size`` (mean over seeds);
+        where the cell's runs evaluated the test set more than once, ``evals``: one entry per
+        evaluation in training order (:func:`eval_stats`).
     """
     rows = cell.rows
     s = summarise(rows, greedy=True) if rows else {}
@@ -281,7 +296,22 @@ def cell_stats(cell: Cell, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, 
         out["acc_ci"] = tuple(float(x) for x in np.percentile(acc, [2.5, 97.5]))
         if not np.isnan(sp).all():
             out["speedup_ci"] = tuple(float(x) for x in np.percentile(sp, [2.5, 97.5]))
+    if len(cell.evals) > 1:
+        out["evals"] = [eval_stats(cell, at, n_boot, seed) for at in sorted(cell.evals)]
     return out
+
+
+def eval_stats(cell: Cell, at: int, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, Any]:
+    """One test-set evaluation of a cell (Figure 2's points: after ``at`` train prompts), its rows
+    pooled over the seeds that ran it, as :func:`cell_stats` pools the last.
+
+    Returns:
+        ``at``, ``acc``, ``acc_ci``, ``speedup``, ``speedup_ci``, ``n``, ``seeds``, ``calibration``.
+    """
+    rows = cell.evals[at]
+    seeds = {r["_seed"] for r in rows}
+    st = cell_stats(Cell(cell.target, cell.row, cell.col, [r for r in cell.runs if r.seed in seeds], rows), n_boot, seed)
+    return {"at": at, **{k: st[k] for k in ("acc", "acc_ci", "speedup", "speedup_ci", "n", "seeds", "calibration")}}
 
 
 def separated(a: dict[str, Any], b: dict[str, Any], key: str = "acc") -> bool | None:
@@ -376,6 +406,7 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
                            f"{_num(st['speedup'], '.2f')}{_ci(st['speedup_ci'], '.2f')}"
                            f"{''.join(tag.get(m, '') for m in st.get('calibration') or [])} | {st['n']} | {seeds} | {paper} |")
         out.append("")
+    out += render_evals(spec, cells, stats, tag)
     out += render_orderings(spec, cells, stats)
     out += render_segments(runs_all if runs_all is not None else cells_runs(cells))
     if failed:
@@ -383,6 +414,39 @@ def render_markdown(name: str, spec: dict[str, Any], cells: dict, stats: dict, f
         out += [f"- `{f.path.name}`: {f.status}{': ' + f.error if f.error else ''}" for f in failed]
         out.append("")
     return "\n".join(out)
+
+
+def render_evals(spec: dict[str, Any], cells: dict, stats: dict, tag: dict[str, str]) -> list[str]:
+    """Figure 2's test-set points as a table: each cell whose runs evaluated the test prompts more
+    than once, each evaluation pooled over seeds (:func:`eval_stats`), and whether its interval
+    separates from the first evaluation's."""
+    rows, cols, targets = _order(spec, cells)
+    out: list[str] = []
+    for tgt in targets:
+        for r in rows:
+            for c in cols:
+                key = next((k for k in cells if k[0] == tgt and k[1] == r and str(k[2]) == str(c)), None)
+                evals = (stats.get(key) or {}).get("evals")
+                if not evals:
+                    continue
+                first = evals[0]
+                for e in evals:
+                    sep = None if e is first else separated(e, first)
+                    vs = "–" if sep is None else ("overlap" if not sep else
+                                                  "higher, separated" if e["acc"] > first["acc"] else "lower, separated")
+                    out.append(f"| {tgt} | {LABELS.get(r, r)} | {c} | {e['at']} | {_num(e['acc'])}{_ci(e['acc_ci'])} | "
+                               f"{_num(e['speedup'], '.2f')}{_ci(e['speedup_ci'], '.2f')}"
+                               f"{''.join(tag.get(m, '') for m in e.get('calibration') or [])} | {e['n']} | "
+                               f"{len(e['seeds'])} | {vs} |")
+    if not out:
+        return []
+    return ["## The test set over the train stream", "",
+            "Each evaluation of the test prompts after that many train prompts (the drafter frozen while it is "
+            "evaluated; the last is the cell above), pooled over the seeds, 95% percentile bootstrap over the test "
+            "prompts x seeds; the last column: whether its acceptance interval separates from the first "
+            "evaluation's.", "",
+            f"| target | row | {spec['cols']} | after train prompts | acceptance | speedup | n | seeds | vs the first |",
+            "|---|---|---|---|---|---|---|---|---|", *out, ""]
 
 
 def _task_switch(run: Run) -> bool:
@@ -784,6 +848,17 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
                 pts = [(d["eval/at"], d["speed/modelled_speedup"]) for d in dyn if d.get("speed/modelled_speedup")]
                 if pts:
                     ax_sp.plot(*zip(*pts), "o", color=line.get_color(), ms=4)
+        for (_, row, col), st in (stats or {}).items():  # each evaluation pooled over seeds, with its 95% CI
+            evals = (st or {}).get("evals")
+            if not evals or len(st["seeds"]) < 2:
+                continue
+            lab = f"{row} {col if col is not None else ''} s{','.join(map(str, st['seeds']))} pooled (95% CI)"
+            for a, key in ((ax, "acc"), (ax_sp, "speedup")):
+                pts = [e for e in evals if e.get(key) is not None and e.get(f"{key}_ci")]
+                if a is not None and pts:
+                    a.errorbar([e["at"] for e in pts], [e[key] for e in pts], fmt="s", color="k", ms=4, capsize=3,
+                               yerr=[[e[key] - e[f"{key}_ci"][0] for e in pts], [e[f"{key}_ci"][1] - e[key] for e in pts]],
+                               label=lab)
         ax.set_ylabel("acceptance rate")
         ax.set_title("acceptance over the train stream (line: rolling, points: test set)", fontsize=9)
         ax.legend(fontsize=6, ncol=2)

@@ -421,6 +421,48 @@ def test_each_task_switch_segment_sits_beside_the_other_orders_stream_on_the_sam
     assert len(cells) == 2  # one column per order
 
 
+def _fake_figure2_run(d: Path, seed: int, accepted: dict[int, list[int]]) -> None:
+    """A train_test run directory of experiment paper/figure2: two train prompts, then the test set
+    evaluated after each number of train prompts in ``accepted`` (10 proposed per prompt)."""
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(f"seed: {seed}\ntarget: {{name: T}}\ntask: {{name: gsm8k, offset: 0}}\n"
+                                   "method: {name: omnidraft, temperature: 0.0}\nprotocol: train_test\n")
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "target": "T", "task": "gsm8k", "protocol": "train_test",
+                                                "choices": {"experiment": "paper/figure2", "row": "hybrid"}}))
+    rows = [{"phase": "train", "prompt/index": i, "sd/accepted": 5, "sd/proposed": 10, "sd/new_tokens": 7,
+             "sd/steps": 2} for i in range(2)]
+    rows += [{"phase": "test", "eval/at": at, "prompt/index": i, "sd/accepted": a, "sd/proposed": 10,
+              "sd/new_tokens": a + 2, "sd/steps": 2} for at, accs in accepted.items() for i, a in enumerate(accs)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_figure2s_test_set_points_are_pooled_over_seeds_per_evaluation(tmp_path):
+    """Each evaluation of the test set (after 0 and 2 train prompts) pooled over two seeds, with its
+    interval and whether it separates from the first; the cell itself is the last evaluation."""
+    _fake_figure2_run(tmp_path / "s0", 0, {0: [1, 2, 1, 2], 2: [8, 9, 8, 9]})
+    _fake_figure2_run(tmp_path / "s1", 1, {0: [2, 1, 2, 1], 2: [7, 8, 9, 8]})
+    files = {p.name for p in write_paper_tables(tmp_path)}
+    assert "figure2_acceptance.png" in files
+    cell = json.loads((tmp_path / "figure2.json").read_text())["cells"][0]
+    assert cell["acc"] == pytest.approx(66 / 80) and cell["seeds"] == [0, 1] and cell["n"] == 8
+    assert [e["at"] for e in cell["evals"]] == [0, 2]
+    first, last = cell["evals"]
+    assert first["acc"] == pytest.approx(12 / 80) and first["n"] == 8 and first["seeds"] == [0, 1]
+    assert last["acc"] == pytest.approx(cell["acc"]) and last["acc_ci"] == pytest.approx(cell["acc_ci"])
+    md = (tmp_path / "figure2.md").read_text()
+    assert "## The test set over the train stream" in md
+    pts = [ln for ln in md.splitlines() if ln.startswith("| T | L_DM + λ L_Ngram | gsm8k |")]
+    assert len(pts) == 2, md
+    assert pts[0].startswith("| T | L_DM + λ L_Ngram | gsm8k | 0 | 0.150") and pts[0].endswith("| 8 | 2 | – |")
+    assert pts[1].startswith("| T | L_DM + λ L_Ngram | gsm8k | 2 | 0.825") and pts[1].endswith("| higher, separated |")
+    # a run that evaluated once has no such section
+    one = tmp_path / "one"
+    _fake_figure2_run(one / "s0", 0, {2: [8, 9, 8, 9]})
+    write_paper_tables(one, plots=False)
+    assert "over the train stream" not in (one / "figure2.md").read_text()
+    assert "evals" not in json.loads((one / "figure2.json").read_text())["cells"][0]
+
+
 def test_the_rolling_curves_of_figure2_are_the_cells_formulas_over_each_window():
     """Figure 2's lines: acceptance and modelled speedup over each window of train prompts, the same
     formulas a table cell uses (:func:`_stats`), replay rows (modelled times) and rows without timing."""
