@@ -303,15 +303,29 @@ def cell_stats(cell: Cell, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, 
 
 def eval_stats(cell: Cell, at: int, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, Any]:
     """One test-set evaluation of a cell (Figure 2's points: after ``at`` train prompts), its rows
-    pooled over the seeds that ran it, as :func:`cell_stats` pools the last.
+    pooled over the seeds that ran it, as :func:`cell_stats` pools the last. Where every seed's rows
+    are the same steps (before training, a greedy drafter no seed has touched), one seed's rows
+    count: copies would narrow the interval without adding a prompt.
 
     Returns:
-        ``at``, ``acc``, ``acc_ci``, ``speedup``, ``speedup_ci``, ``n``, ``seeds``, ``calibration``.
+        ``at``, ``acc``, ``acc_ci``, ``speedup``, ``speedup_ci``, ``n``, ``seeds``, ``calibration``,
+        ``identical`` (the seeds' rows were the same, n counts one seed's).
     """
     rows = cell.evals[at]
-    seeds = {r["_seed"] for r in rows}
-    st = cell_stats(Cell(cell.target, cell.row, cell.col, [r for r in cell.runs if r.seed in seeds], rows), n_boot, seed)
-    return {"at": at, **{k: st[k] for k in ("acc", "acc_ci", "speedup", "speedup_ci", "n", "seeds", "calibration")}}
+    by_seed: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_seed.setdefault(r["_seed"], []).append(r)
+    steps = {json.dumps([[r.get("prompt/index"), r.get("prompt/turn"), *(r.get(k) for k in _STEP_KEYS)] for r in rs])
+             for rs in by_seed.values()}
+    identical = len(by_seed) > 1 and len(steps) == 1
+    runs = [r for r in cell.runs if r.seed in by_seed]
+    st = cell_stats(Cell(cell.target, cell.row, cell.col, runs, by_seed[min(by_seed)] if identical else rows),
+                    n_boot, seed)
+    return {"at": at, **{k: st[k] for k in ("acc", "acc_ci", "speedup", "speedup_ci", "n", "seeds", "calibration")},
+            "identical": identical}
+
+
+_STEP_KEYS = ("sd/accepted", "sd/proposed", "sd/steps", "sd/new_tokens", "sd/step_accepted", "sd/step_proposed")
 
 
 def separated(a: dict[str, Any], b: dict[str, Any], key: str = "acc") -> bool | None:
@@ -437,14 +451,14 @@ def render_evals(spec: dict[str, Any], cells: dict, stats: dict, tag: dict[str, 
                     out.append(f"| {tgt} | {LABELS.get(r, r)} | {c} | {e['at']} | {_num(e['acc'])}{_ci(e['acc_ci'])} | "
                                f"{_num(e['speedup'], '.2f')}{_ci(e['speedup_ci'], '.2f')}"
                                f"{''.join(tag.get(m, '') for m in e.get('calibration') or [])} | {e['n']} | "
-                               f"{len(e['seeds'])} | {vs} |")
+                               f"{len(e['seeds'])}{' (identical)' if e.get('identical') else ''} | {vs} |")
     if not out:
         return []
     return ["## The test set over the train stream", "",
             "Each evaluation of the test prompts after that many train prompts (the drafter frozen while it is "
             "evaluated; the last is the cell above), pooled over the seeds, 95% percentile bootstrap over the test "
-            "prompts x seeds; the last column: whether its acceptance interval separates from the first "
-            "evaluation's.", "",
+            "prompts x seeds (seeds whose rows are the same steps, as before training, marked identical: n counts "
+            "one); the last column: whether its acceptance interval separates from the first evaluation's.", "",
             f"| target | row | {spec['cols']} | after train prompts | acceptance | speedup | n | seeds | vs the first |",
             "|---|---|---|---|---|---|---|---|---|", *out, ""]
 
@@ -801,9 +815,11 @@ def _short_names(names: list[str]) -> list[str]:
 
 
 def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | None,
-              stats: dict | None = None) -> list[Path]:
+              stats: dict | None = None, speed_machine: str | None = None) -> list[Path]:
     """PNG plots of an experiment's runs: acceptance over the train stream with the test-set points
-    (Figure 2), loss curves, n-gram cache growth, draft-length distribution, speedup by column.
+    (Figure 2), loss curves, n-gram cache growth, draft-length distribution, speedup by column; with
+    ``speed_machine``, replays' speed over the stream modelled under that machine's calibrations, as
+    the table's (:func:`remodel_speed`).
 
     Returns:
         The files written.
@@ -831,8 +847,9 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
         plt.close(fig)
         written.append(p)
 
-    trains = [(r, [x for x in read_rows(r.path) if x.get("phase", "train") == "train"]) for r in ok]
-    trains = [(r, t) for r, t in trains if t]
+    every = {id(r): read_rows(r.path) for r in ok}
+    trains = [(r, [x for x in every[id(r)] if x.get("phase", "train") == "train"]) for r in ok]
+    trains = [(r, remodel_speed(r, t, speed_machine) if speed_machine else t) for r, t in trains if t]
     if trains:  # Figure 2: acceptance and modelled speedup over the train stream, test-set evaluations as points
         speed = any("sd_s" in _vectors(t) for _, t in trains)
         fig, axes = plt.subplots(2 if speed else 1, 1, figsize=(7, 6.4 if speed else 3.6), sharex=True, squeeze=False)
@@ -840,12 +857,15 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
         for r, t in trains:
             x, acc, sp = rolling(t, max(1, min(20, len(t) // 5)))
             line, = ax.plot(x, acc, lw=1, label=label(r))
-            dyn = r.summary.get("dynamics") or []
+            # the run's test-set evaluations, from its rows (speed as the lines')
+            evals = {at: remodel_speed(r, rs, speed_machine) if speed_machine else rs
+                     for at, rs in sorted(_evals(every[id(r)]).items())}
+            dyn = [(at, *_stats(_vectors(rs), np.arange(len(rs)))) for at, rs in evals.items()]
             if dyn:
-                ax.plot([d["eval/at"] for d in dyn], [d["accept/rate"] for d in dyn], "o", color=line.get_color(), ms=4)
+                ax.plot([d[0] for d in dyn], [d[1] for d in dyn], "o", color=line.get_color(), ms=4)
             if ax_sp is not None and sp is not None:
                 ax_sp.plot(x, sp, lw=1, color=line.get_color(), label=label(r))
-                pts = [(d["eval/at"], d["speed/modelled_speedup"]) for d in dyn if d.get("speed/modelled_speedup")]
+                pts = [(d[0], d[2]) for d in dyn if not np.isnan(d[2])]
                 if pts:
                     ax_sp.plot(*zip(*pts), "o", color=line.get_color(), ms=4)
         for (_, row, col), st in (stats or {}).items():  # each evaluation pooled over seeds, with its 95% CI
@@ -1052,7 +1072,7 @@ def write_paper_tables(root: Path, plots: bool = True, speed_machine: str | None
                                  indent=1, default=str), encoding="utf-8")
         written += [md, tex, js]
         if plots:
-            written += plot_runs(name, rs, out, spec, stats)
+            written += plot_runs(name, rs, out, spec, stats, speed_machine)
     for up in (root, root.parent, root.parent.parent):  # results/paper/<table>/<scale>: keep results/paper's overview true
         if (up / OVERVIEW).is_file():
             written.append(write_overview(up))

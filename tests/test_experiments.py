@@ -432,7 +432,8 @@ def _fake_figure2_run(d: Path, seed: int, accepted: dict[int, list[int]]) -> Non
     rows = [{"phase": "train", "prompt/index": i, "sd/accepted": 5, "sd/proposed": 10, "sd/new_tokens": 7,
              "sd/steps": 2} for i in range(2)]
     rows += [{"phase": "test", "eval/at": at, "prompt/index": i, "sd/accepted": a, "sd/proposed": 10,
-              "sd/new_tokens": a + 2, "sd/steps": 2} for at, accs in accepted.items() for i, a in enumerate(accs)]
+              "sd/new_tokens": a + 2, "sd/steps": 2, "sd/step_accepted": [a // 2, a - a // 2],
+              "sd/step_proposed": [5, 5]} for at, accs in accepted.items() for i, a in enumerate(accs)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -440,20 +441,22 @@ def test_figure2s_test_set_points_are_pooled_over_seeds_per_evaluation(tmp_path)
     """Each evaluation of the test set (after 0 and 2 train prompts) pooled over two seeds, with its
     interval and whether it separates from the first; the cell itself is the last evaluation."""
     _fake_figure2_run(tmp_path / "s0", 0, {0: [1, 2, 1, 2], 2: [8, 9, 8, 9]})
-    _fake_figure2_run(tmp_path / "s1", 1, {0: [2, 1, 2, 1], 2: [7, 8, 9, 8]})
+    _fake_figure2_run(tmp_path / "s1", 1, {0: [1, 2, 1, 2], 2: [7, 8, 9, 8]})
     files = {p.name for p in write_paper_tables(tmp_path)}
     assert "figure2_acceptance.png" in files
     cell = json.loads((tmp_path / "figure2.json").read_text())["cells"][0]
     assert cell["acc"] == pytest.approx(66 / 80) and cell["seeds"] == [0, 1] and cell["n"] == 8
     assert [e["at"] for e in cell["evals"]] == [0, 2]
     first, last = cell["evals"]
-    assert first["acc"] == pytest.approx(12 / 80) and first["n"] == 8 and first["seeds"] == [0, 1]
+    # before training both seeds decoded the same steps: one copy counts, not two (a narrower interval)
+    assert first["acc"] == pytest.approx(6 / 40) and first["n"] == 4 and first["seeds"] == [0, 1] and first["identical"]
+    assert not last["identical"] and last["n"] == 8
     assert last["acc"] == pytest.approx(cell["acc"]) and last["acc_ci"] == pytest.approx(cell["acc_ci"])
     md = (tmp_path / "figure2.md").read_text()
     assert "## The test set over the train stream" in md
     pts = [ln for ln in md.splitlines() if ln.startswith("| T | L_DM + λ L_Ngram | gsm8k |")]
     assert len(pts) == 2, md
-    assert pts[0].startswith("| T | L_DM + λ L_Ngram | gsm8k | 0 | 0.150") and pts[0].endswith("| 8 | 2 | – |")
+    assert pts[0].startswith("| T | L_DM + λ L_Ngram | gsm8k | 0 | 0.150") and pts[0].endswith("| 4 | 2 (identical) | – |")
     assert pts[1].startswith("| T | L_DM + λ L_Ngram | gsm8k | 2 | 0.825") and pts[1].endswith("| higher, separated |")
     # a run that evaluated once has no such section
     one = tmp_path / "one"
