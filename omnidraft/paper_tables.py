@@ -301,6 +301,9 @@ def cell_stats(cell: Cell, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, 
     return out
 
 
+_STEP_KEYS = ("sd/accepted", "sd/proposed", "sd/steps", "sd/new_tokens", "sd/step_accepted", "sd/step_proposed")
+
+
 def eval_stats(cell: Cell, at: int, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, Any]:
     """One test-set evaluation of a cell (Figure 2's points: after ``at`` train prompts), its rows
     pooled over the seeds that ran it, as :func:`cell_stats` pools the last. Where every seed's rows
@@ -323,9 +326,6 @@ def eval_stats(cell: Cell, at: int, n_boot: int = BOOTSTRAP, seed: int = 0) -> d
                     n_boot, seed)
     return {"at": at, **{k: st[k] for k in ("acc", "acc_ci", "speedup", "speedup_ci", "n", "seeds", "calibration")},
             "identical": identical}
-
-
-_STEP_KEYS = ("sd/accepted", "sd/proposed", "sd/steps", "sd/new_tokens", "sd/step_accepted", "sd/step_proposed")
 
 
 def separated(a: dict[str, Any], b: dict[str, Any], key: str = "acc") -> bool | None:
@@ -868,15 +868,14 @@ def plot_runs(name: str, runs: list[Run], out_dir: Path, spec: dict[str, Any] | 
                 pts = [(d[0], d[2]) for d in dyn if not np.isnan(d[2])]
                 if pts:
                     ax_sp.plot(*zip(*pts), "o", color=line.get_color(), ms=4)
-        for (_, row, col), st in (stats or {}).items():  # each evaluation pooled over seeds, with its 95% CI
-            evals = (st or {}).get("evals")
-            if not evals or len(st["seeds"]) < 2:
-                continue
+        pooled = [(k, st) for k, st in (stats or {}).items() if (st or {}).get("evals") and len(st["seeds"]) >= 2]
+        for i, ((_, row, col), st) in enumerate(pooled):  # each evaluation pooled over seeds, with its 95% CI
+            evals, marker = st["evals"], "sDv^<>p*"[i % 8]  # black, one marker shape per cell
             lab = f"{row} {col if col is not None else ''} s{','.join(map(str, st['seeds']))} pooled (95% CI)"
             for a, key in ((ax, "acc"), (ax_sp, "speedup")):
                 pts = [e for e in evals if e.get(key) is not None and e.get(f"{key}_ci")]
                 if a is not None and pts:
-                    a.errorbar([e["at"] for e in pts], [e[key] for e in pts], fmt="s", color="k", ms=4, capsize=3,
+                    a.errorbar([e["at"] for e in pts], [e[key] for e in pts], fmt=marker, color="k", ms=4, capsize=3,
                                yerr=[[e[key] - e[f"{key}_ci"][0] for e in pts], [e[f"{key}_ci"][1] - e[key] for e in pts]],
                                label=lab)
         ax.set_ylabel("acceptance rate")
