@@ -183,6 +183,7 @@ def cells_of(runs: list[Run], spec: dict[str, Any], speed_machine: str | None = 
     with ``speed_machine``, each replay's speed modelled again under that machine's calibration
     (:func:`remodel_speed`)."""
     cells: dict[tuple[str, str, Any], Cell] = {}
+    every: dict[tuple[str, str, Any], list[tuple[Run, dict[int, list[dict[str, Any]]]]]] = {}
     for run in runs:
         if run.status != "ok":
             continue
@@ -195,9 +196,12 @@ def cells_of(runs: list[Run], spec: dict[str, Any], speed_machine: str | None = 
         if speed_machine:
             evals = {at: remodel_speed(run, rs, speed_machine) for at, rs in evals.items()}
         cell.rows.extend({**r, "_seed": run.seed} for r in evals[max(evals)])
-        if len(evals) > 1:
-            for at, rs in evals.items():
-                cell.evals.setdefault(at, []).extend({**r, "_seed": run.seed} for r in rs)
+        every.setdefault(key, []).append((run, evals))
+    for key, ran in every.items():  # a cell one of whose runs evaluated more than once: every run's evaluations,
+        if any(len(evals) > 1 for _, evals in ran):  # so its last pools the seeds the cell does
+            for run, evals in ran:
+                for at, rs in evals.items():
+                    cells[key].evals.setdefault(at, []).extend({**r, "_seed": run.seed} for r in rs)
     return cells
 
 

@@ -464,6 +464,17 @@ def test_figure2s_test_set_points_are_pooled_over_seeds_per_evaluation(tmp_path)
     write_paper_tables(one, plots=False)
     assert "over the train stream" not in (one / "figure2.md").read_text()
     assert "evals" not in json.loads((one / "figure2.json").read_text())["cells"][0]
+    # one seed evaluated before training too, the others at the end only: the last point pools every seed,
+    # as the cell does, and the first is that one seed's
+    _fake_figure2_run(one / "s1", 1, {2: [7, 8, 9, 8]})
+    _fake_figure2_run(one / "s2", 2, {0: [1, 2, 1, 2], 2: [6, 6, 6, 6]})
+    write_paper_tables(one, plots=False)
+    cell = json.loads((one / "figure2.json").read_text())["cells"][0]
+    assert cell["seeds"] == [0, 1, 2] and cell["n"] == 12 and cell["acc"] == pytest.approx(90 / 120)
+    first, last = cell["evals"]
+    assert first["seeds"] == [2] and first["n"] == 4 and not first["identical"]
+    assert last["seeds"] == [0, 1, 2] and last["n"] == 12 and last["acc"] == pytest.approx(cell["acc"])
+    assert last["acc_ci"] == pytest.approx(cell["acc_ci"])
 
 
 def test_the_rolling_curves_of_figure2_are_the_cells_formulas_over_each_window():
